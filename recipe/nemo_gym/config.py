@@ -1,0 +1,147 @@
+"""The plugin's settings: one YAML file (`agent_loop_config_path`), validated once into `NeMoGymConfig`.
+
+Contract:
+- `${VAR}` / `$VAR` in any string value is expanded from the environment; a variable that is not set is an
+  error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
+- Unknown keys are rejected by name, at start-up, before any server starts.
+- NeMo Gym config paths are relative to `nemo_gym.root`, which defaults to the directory holding the installed
+  `nemo_gym` package (site-packages), so a pip-installed NeMo Gym needs no clone.
+
+Example (see recipe/nemo_gym/configs/ for the shipped ones)::
+
+    nemo_gym:
+      config_paths:
+        - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
+        - resources_servers/math_with_judge/configs/math_with_judge.yaml
+      uses_reasoning_parser: false
+    timeouts:
+      batch_s: 3600
+    failures:
+      max_fraction: 0.05
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+_VAR = re.compile(r"\$(\w+)|\$\{([^}]+)\}")
+
+
+class ConfigError(ValueError):
+    """The plugin's YAML is missing, malformed, or names a key or value we do not accept."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HeadServer(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=11000, ge=1, le=65535)
+
+
+class NeMoGymSection(_Strict):
+    root: Path | None = None
+    """NeMo Gym's root; relative `config_paths` resolve against it. Default: the installed package's parent."""
+    config_paths: list[str] = Field(min_length=1)
+    """The training model server config plus one config per environment."""
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Extra keys merged into NeMo Gym's global config dict (deep-merged; e.g. to turn a judge off)."""
+    head_server: HeadServer = HeadServer()
+    policy_api_key: str = "EMPTY"
+    uses_reasoning_parser: bool = False
+    """Must match whether verl's vLLM servers run a reasoning parser."""
+    venv_dir: Path | None = None
+    """Where per-server `.venv` links to the running environment are made. Default: a temporary folder."""
+    log_dir: Path | None = None
+
+    def resolved_root(self) -> Path:
+        if self.root is not None:
+            return self.root
+        spec = importlib.util.find_spec("nemo_gym")
+        if spec is None or spec.origin is None:
+            raise ConfigError("nemo_gym.root is not set and the nemo_gym package is not installed")
+        return Path(spec.origin).resolve().parent.parent
+
+    def resolved_config_paths(self) -> list[Path]:
+        root = self.resolved_root()
+        paths = [p if p.is_absolute() else root / p for p in map(Path, self.config_paths)]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise ConfigError(f"nemo_gym.config_paths: file(s) not found: {', '.join(missing)} (root: {root})")
+        return paths
+
+
+class Timeouts(_Strict):
+    startup_s: float = Field(default=600.0, gt=0)
+    """Deadline for every NeMo Gym server to answer its health check after start."""
+    batch_s: float = Field(default=3600.0, gt=0)
+    """Deadline for one `generate_sequences` call; past it the step fails, naming how many episodes were pending."""
+    health_check_interval_s: float = Field(default=10.0, gt=0)
+    """How often the servers are checked while a batch waits."""
+    shutdown_grace_s: float = Field(default=10.0, gt=0)
+
+
+class Failures(_Strict):
+    max_fraction: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Share of a batch's episodes that may fail (masked, reward 0) before the step fails."""
+
+
+class NeMoGymConfig(_Strict):
+    nemo_gym: NeMoGymSection
+    timeouts: Timeouts = Timeouts()
+    failures: Failures = Failures()
+
+    @field_validator("nemo_gym", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("the nemo_gym section is empty")
+        return value
+
+
+def expand_env(value: Any, key: str = "") -> Any:
+    """Expand environment variables in every string of a parsed YAML tree; unset variables are errors."""
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def substitute(match: re.Match) -> str:
+            name = match.group(1) or match.group(2)
+            if name not in os.environ:
+                raise ConfigError(f"{key}: environment variable {name!r} is not set (value {value!r})")
+            return os.environ[name]
+
+        return _VAR.sub(substitute, value)
+    return value
+
+
+def load_config(path: str | os.PathLike) -> NeMoGymConfig:
+    """Read, expand and validate the plugin YAML; every error names the file and the offending key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"agent_loop_config_path: {path} does not exist") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return NeMoGymConfig.model_validate(expand_env(raw))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or '<top>'}: {err['msg']}" for err in e.errors(include_url=False)
+        )
+        raise ConfigError(f"{path}: {problems}") from e

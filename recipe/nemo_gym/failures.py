@@ -1,0 +1,110 @@
+"""Typed rollout failures and the per-batch failure budget.
+
+Every episode that cannot be trained on exactly as generated is one `EpisodeFailure` with a `FailureCause`.
+Such an episode is never replaced by a placeholder: it is packed with `response_mask` all 0 and reward 0
+(so it contributes no gradient), and counted by cause. When a batch's failures exceed its budget, the
+step fails with `FailureBudgetExceeded`, whose message is the per-cause summary.
+
+Two kinds of cause:
+- infrastructure: the episode died on a server (HTTP 5xx after NeMo Gym's own bounded retries, a request
+  error). Nothing about the data is known to be wrong.
+- data: the episode came back but breaks an invariant the trainer relies on (token contiguity between
+  turns, missing generation IDs, a non-finite log-prob, a reward that is not a number, a prompt that
+  does not fit the context).
+
+A dead server or a batch that outlives its deadline is not an episode failure: it fails the whole step
+(`RolloutAborted`), because every pending episode is lost with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class FailureKind(enum.StrEnum):
+    INFRASTRUCTURE = "infrastructure"
+    DATA = "data"
+
+
+class FailureCause(enum.StrEnum):
+    SERVER_ERROR = "server_error"
+    CONTIGUITY_BROKEN = "contiguity_broken"
+    MISSING_GENERATION = "missing_generation"
+    NON_FINITE_LOGPROB = "non_finite_logprob"
+    BAD_REWARD = "bad_reward"
+    PROMPT_TOO_LONG = "prompt_too_long"
+
+    @property
+    def kind(self) -> FailureKind:
+        return FailureKind.INFRASTRUCTURE if self is FailureCause.SERVER_ERROR else FailureKind.DATA
+
+
+@dataclass(frozen=True)
+class EpisodeFailure:
+    """Why one episode (one input row) cannot be trained on."""
+
+    cause: FailureCause
+    detail: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = f"row {self.row}: " if self.row is not None else ""
+        return f"{where}{self.cause.value}: {self.detail}"
+
+
+class EpisodeDataError(ValueError):
+    """Raised by the pure packing functions when a NeMo Gym result breaks an invariant."""
+
+    def __init__(self, cause: FailureCause, detail: str):
+        super().__init__(f"{cause.value}: {detail}")
+        self.cause = cause
+        self.detail = detail
+
+
+class RolloutAborted(RuntimeError):
+    """The whole batch is lost: a server died, or the batch outlived its deadline."""
+
+
+class FailureBudgetExceeded(RuntimeError):
+    """More episodes failed in one batch than the configured budget allows."""
+
+
+@dataclass(frozen=True)
+class FailureBudget:
+    """At most `max_fraction` of a batch's episodes may fail before the step fails.
+
+    The default (0.05) absorbs the rare bad episode of a long run while a systematic fault (a broken
+    template, a dying environment) still stops the run within one step.
+    """
+
+    max_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_fraction <= 1.0:
+            raise ValueError(f"failure budget max_fraction must be in [0, 1], got {self.max_fraction}")
+
+    def check(self, failures: Iterable[EpisodeFailure], batch_size: int) -> None:
+        failures = list(failures)
+        if batch_size and len(failures) > self.max_fraction * batch_size:
+            raise FailureBudgetExceeded(summarize(failures, batch_size, self.max_fraction))
+
+
+def count_by_cause(failures: Iterable[EpisodeFailure]) -> dict[str, int]:
+    counts = Counter(f.cause.value for f in failures)
+    return {cause.value: counts.get(cause.value, 0) for cause in FailureCause}
+
+
+def summarize(failures: list[EpisodeFailure], batch_size: int, max_fraction: float) -> str:
+    counts = {k: v for k, v in count_by_cause(failures).items() if v}
+    lines = [
+        f"{len(failures)} of {batch_size} episodes failed, over the budget of {max_fraction:.1%} "
+        f"({int(max_fraction * batch_size)} episodes). By cause: "
+        + ", ".join(f"{cause} ({FailureCause(cause).kind.value}) = {n}" for cause, n in counts.items())
+        + ".",
+        "First failures:",
+    ]
+    lines += [f"  {f}" for f in failures[:5]]
+    return "\n".join(lines)

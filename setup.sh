@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build (or check) the project's environment in .venv: Python 3.12 from pyenv, every package from uv.lock.
+#
+# Quick no-op when .venv already matches uv.lock. Never downloads a Python interpreter; needs only PyPI.
+# Usage: ./setup.sh            (runtime + test dependencies)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+UV_VERSION=0.13.9
+export UV_PYTHON_DOWNLOADS=never
+export UV_LINK_MODE="${UV_LINK_MODE:-copy}"
+
+find_python312() {
+    if [[ -n "${PYTHON312:-}" ]]; then echo "$PYTHON312"; return; fi
+    if command -v pyenv >/dev/null 2>&1; then
+        local root candidate
+        root=$(pyenv root)
+        for candidate in "$root"/versions/3.12*/bin/python3.12; do
+            [[ -x "$candidate" ]] && { echo "$candidate"; return; }
+        done
+    fi
+    command -v python3.12 || { echo "setup.sh: no Python 3.12 found (pyenv versions, PATH, or set PYTHON312)" >&2; exit 1; }
+}
+
+stamp_of_lock() { sha256sum uv.lock pyproject.toml | sha256sum | cut -c1-16; }
+
+if [[ -x .venv/bin/python && -f .venv/.lock-stamp && "$(cat .venv/.lock-stamp)" == "$(stamp_of_lock)" ]]; then
+    exit 0  # environment already matches the lock
+fi
+
+PY=$(find_python312)
+UV=.cache/bootstrap/bin/uv
+if [[ ! -x "$UV" ]] || [[ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]]; then
+    echo "setup.sh: installing uv $UV_VERSION into .cache/bootstrap" >&2
+    "$PY" -m venv .cache/bootstrap
+    .cache/bootstrap/bin/python -m pip install --quiet "uv==$UV_VERSION"
+fi
+
+echo "setup.sh: syncing .venv with uv.lock (Python: $PY)" >&2
+start=$(date +%s)
+"$UV" sync --frozen --python "$PY"
+stamp_of_lock > .venv/.lock-stamp
+echo "setup.sh: environment ready in $(( $(date +%s) - start )) s ($(du -sh .venv | cut -f1) in .venv)" >&2
