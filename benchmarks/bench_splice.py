@@ -1,0 +1,134 @@
+"""Chat preprocessing time per request with and without the token-exact splice patch.
+
+Builds vLLM 0.24's own `OpenAIServingRender` for the tiny Qwen3 model directory (genuine Qwen3 tokenizer and
+chat template, CPU device config, hermes tool parser), makes histories of 2, 8 and 32 assistant turns that
+carry NeMo Gym's token IDs (each turn alternating a tool call with its result and a text answer with
+reasoning, generated one token per character so re-tokenization drifts), and times `render_chat` on the
+request for the next turn: the whole chat completions preprocessing. Reports the median over repeats, the
+ratio, and the number of template renders per request (counted on the renderer).
+
+    .venv/bin/python benchmarks/bench_splice.py [--repeats 30] [--turns 2 8 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from recipe.nemo_gym import server_patch
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+EOS = 151645
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
+def build_history(render, turns: int) -> list[dict]:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    tok = render.renderer.tokenizer
+
+    def ids(messages):
+        request = ChatCompletionRequest.model_validate({"model": "policy", "messages": messages, "tools": TOOLS})
+        return list(asyncio.run(render.render_chat(request))[1][0]["prompt_token_ids"])
+
+    def per_char(text):
+        return [t for ch in text for t in tok.encode(ch, add_special_tokens=False)]
+
+    history: list[dict] = [
+        {"role": "system", "content": "You are a weather assistant."},
+        {"role": "user", "content": "Weather in city 0?"},
+    ]
+    for turn in range(turns):
+        prompt = ids(history)
+        if turn % 2 == 0:
+            call = {"id": f"c{turn}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+            call["function"]["arguments"] = f'{{"city": "city {turn}"}}'
+            text = f'<tool_call>\n{{"name":"get_weather","arguments":{{"city":"city {turn}"}}}}\n</tool_call>'
+            gen = per_char(text) + [EOS]
+            history.append(
+                {"role": "assistant", "content": "", "tool_calls": [call], "prompt_token_ids": prompt,
+                 "generation_token_ids": gen, "generation_log_probs": [-0.1] * len(gen)}
+            )  # fmt: skip
+            history.append({"role": "tool", "tool_call_id": f"c{turn}", "content": f"{turn % 30}C, sunny"})
+        else:
+            text = f"<think>\nThe tool said {turn % 30}C.\n</think>\n\nIt is {turn % 30}C in city {turn - 1}."
+            gen = per_char(text) + [EOS]
+            history.append(
+                {"role": "assistant", "content": text, "prompt_token_ids": prompt, "generation_token_ids": gen,
+                 "generation_log_probs": [-0.1] * len(gen)}
+            )  # fmt: skip
+            history.append({"role": "user", "content": f"Weather in city {turn + 1}?"})
+    return history
+
+
+def time_requests(render, history: list[dict], repeats: int) -> tuple[float, float, int]:
+    """(median seconds, prompt tokens, renders per request) for `render_chat` on this history."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    renderer = render.renderer
+    calls = 0
+    original = renderer.render_chat_async
+
+    async def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return await original(*args, **kwargs)
+
+    renderer.render_chat_async = counting
+
+    async def run() -> tuple[list[float], int]:
+        # One event loop for all repeats, as in the server; the request is validated outside the timed
+        # region, as FastAPI does before the handler runs.
+        samples, n_tokens = [], 0
+        for _ in range(repeats):
+            request = ChatCompletionRequest.model_validate({"model": "policy", "messages": history, "tools": TOOLS})
+            start = time.perf_counter()
+            _, (engine_input,) = await render.render_chat(request)
+            samples.append(time.perf_counter() - start)
+            n_tokens = len(engine_input["prompt_token_ids"])
+        return samples, n_tokens
+
+    try:
+        samples, n_tokens = asyncio.run(run())
+    finally:
+        renderer.render_chat_async = original
+    return statistics.median(samples), n_tokens, calls // repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--turns", type=int, nargs="+", default=[2, 8, 32])
+    args = parser.parse_args()
+
+    render, _ = server_patch.build_render_serving(str(tiny_qwen3_dir()), max_model_len=8192)
+    server_patch.install()
+    print(f"vLLM {server_patch.vllm_version()}, tiny Qwen3 (genuine tokenizer/template), {args.repeats} repeats")
+    print(f"{'turns':>5} {'prompt tokens':>13} {'unpatched ms':>12} {'patched ms':>10} {'ratio':>6} {'renders':>8}")
+    for turns in args.turns:
+        history = build_history(render, turns)
+        server_patch.uninstall()
+        base, base_tokens, base_renders = time_requests(render, history, args.repeats)
+        server_patch.install()
+        patched, tokens, renders = time_requests(render, history, args.repeats)
+        print(
+            f"{turns:>5} {tokens:>13} {base * 1e3:>12.2f} {patched * 1e3:>10.2f} {patched / base:>6.2f} "
+            f"{base_renders}->{renders:<5}"
+        )
+        assert base_renders == 1 and renders == 2, (base_renders, renders)
+        assert base_tokens != tokens or turns == 0  # the drifted history really is spliced
+
+
+if __name__ == "__main__":
+    main()

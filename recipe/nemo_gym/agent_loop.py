@@ -1,0 +1,216 @@
+"""`NeMoGymAgentLoopManager`: verl 0.9.1's agent loop manager, with NeMo Gym running every episode.
+
+Loaded by verl's trainer (`trainer.use_v1=false`) through
+`actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager`
+and created with verl's own call `create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`.
+
+Contract with verl (see the README, "How it works"):
+- `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
+  servers verl already launched and the model name they serve, and starts NeMo Gym's servers (offline, on the
+  trainer's Ray) within `timeouts.startup_s`. Any failure stops everything it started and raises.
+- `generate_sequences(prompts)` takes verl's batch (non-tensor rows from `NeMoGymJSONLDataset`, each prompt
+  repeated `rollout.n` times) and returns a `DataProto` of the same length and row order: `prompts`,
+  `responses`, `response_mask` (1 only on policy-generated tokens), `input_ids`, `attention_mask`,
+  `position_ids`, `rollout_log_probs`, `rm_scores` (NeMo Gym's reward), `multi_modal_inputs`,
+  `__num_turns__`, `meta_info["timing"]`. Every HTTP request has finished when it returns (verl puts the vLLM
+  servers to sleep right after).
+- The batch is bounded by `timeouts.batch_s`, and the servers are health-checked while it waits: a dead server
+  or an expired deadline raises `RolloutAborted` naming the server or the pending count. Episodes that fail
+  alone are masked and counted (`failures.py`); past `failures.max_fraction` the step fails with a summary.
+- All NeMo Gym calls run on one event loop this manager owns (NeMo Gym's aiohttp session is bound to the loop
+  it was made on, and verl's `create` runs on a loop that is closed right after).
+
+Environment metrics reach the user's loggers through `meta_info["timing"]`, the one dict verl 0.9.1 copies
+from the rollout into the step's logged metrics: they appear as `timing_s/nemo_gym/...` (see `metrics.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from verl import DataProto
+from verl.utils.ray_utils import auto_await
+
+from recipe.nemo_gym.config import NeMoGymConfig, load_config
+from recipe.nemo_gym.dataset import ROW_KEY
+from recipe.nemo_gym.event_loop import BackgroundLoop
+from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
+from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+from recipe.nemo_gym.metrics import environment_metrics
+from recipe.nemo_gym.packing import Episode, PackStats, episode_from_result, pack_batch
+from recipe.nemo_gym.rollout_requests import build_example, sampling_from_rollout_config
+from recipe.nemo_gym.verl_servers import discover_policy_servers
+
+logger = logging.getLogger(__name__)
+
+
+class NeMoGymAgentLoopManager:
+    def __init__(
+        self,
+        config,
+        llm_client,
+        teacher_client=None,
+        reward_loop_worker_handles=None,
+    ):
+        if teacher_client:
+            raise ValueError(
+                "NeMoGymAgentLoopManager does not support teacher models (distillation): NeMo Gym runs the "
+                "episode and its environment gives the reward. Remove the teacher configuration."
+            )
+        # reward_loop_worker_handles are ignored on purpose: the environment's reward is the reward.
+        self.config = config
+        self.rollout_config = config.actor_rollout_ref.rollout
+        path = self.rollout_config.agent.get("agent_loop_config_path")
+        if not path:
+            raise ValueError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the plugin YAML")
+        self.config_path = str(path)
+        self.plugin_config: NeMoGymConfig = load_config(path)
+        self.llm_client = llm_client
+        self.budget = FailureBudget(self.plugin_config.failures.max_fraction)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self.tokenizer = _tokenizer(config)
+        self.pad_token_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        )
+        self._loop: BackgroundLoop | None = None
+        self._runtime: GymRuntime | None = None
+        self.agent_names: frozenset[str] = frozenset()
+        # The last batch's raw NeMo Gym results and packing statistics, for inspection (the demo writes them out).
+        self.last_results: list[dict[str, Any] | EpisodeFailure] = []
+        self.last_stats: PackStats | None = None
+
+    @classmethod
+    def create(cls, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        """verl's entry point: build the manager and start NeMo Gym (blocking; bounded by `timeouts.startup_s`)."""
+        manager = cls(config, llm_client, teacher_client, reward_loop_worker_handles)
+        manager.start()
+        return manager
+
+    def start(self) -> None:
+        timeouts = self.plugin_config.timeouts
+        self._loop = BackgroundLoop(name="nemo-gym")
+        try:
+            base_urls, model_name = self._loop.run(
+                discover_policy_servers(self.llm_client, deadline_s=timeouts.startup_s),
+                timeout=timeouts.startup_s,
+                what="finding verl's vLLM servers",
+            )
+            spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
+            self._runtime = GymRuntime.start(spec, loop=self._loop)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.agent_names = self._runtime.agent_names
+        logger.info("NeMo Gym ready: agents %s; policy %s at %s", sorted(self.agent_names), model_name, base_urls)
+
+    def shutdown(self) -> None:
+        """Stop every NeMo Gym server and the event loop; idempotent."""
+        if self._runtime is not None:
+            self._runtime.shutdown()
+            self._runtime = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    @auto_await
+    async def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self._loop is None or self._runtime is None:
+            raise RuntimeError("NeMoGymAgentLoopManager is shut down")
+        return await self._loop.arun(self._generate(prompts))
+
+    async def _generate(self, prompts: DataProto) -> DataProto:
+        t_start = time.perf_counter()
+        validate = bool(prompts.meta_info.get("validate", False))
+        rows = prompts.non_tensor_batch[ROW_KEY]
+        self._check_agents(rows, prompts)
+        sampling = sampling_from_rollout_config(self.rollout_config, validate=validate)
+        examples = [build_example(row, sampling) for row in rows]
+
+        timeouts = self.plugin_config.timeouts
+        results = await self._runtime.collect(
+            examples, deadline_s=timeouts.batch_s, health_check_interval_s=timeouts.health_check_interval_s
+        )
+        t_collected = time.perf_counter()
+
+        outcomes: list[Episode | EpisodeFailure] = []
+        for row, result in enumerate(results):
+            if isinstance(result, EpisodeFailure):
+                outcomes.append(result)
+                continue
+            try:
+                outcomes.append(episode_from_result(result, max_prompt_length=self.prompt_length))
+            except EpisodeDataError as e:
+                outcomes.append(EpisodeFailure(e.cause, e.detail, row=row))
+        failures = [o for o in outcomes if isinstance(o, EpisodeFailure)]
+        for failure in failures:
+            logger.warning("NeMo Gym episode failed and is masked: %s", failure)
+        self.last_results = results
+        self.budget.check(failures, len(outcomes))
+
+        packed = pack_batch(
+            outcomes,
+            prompt_length=self.prompt_length,
+            response_length=self.response_length,
+            pad_token_id=self.pad_token_id,
+            fallback_prompt_ids=[
+                self._prompt_ids(row) if isinstance(o, EpisodeFailure) else None
+                for row, o in zip(rows, outcomes, strict=True)
+            ],
+            data_sources=_data_sources(prompts, rows),
+        )
+        t_packed = time.perf_counter()
+        self.last_stats = packed.stats
+        timing = {
+            "nemo_gym/rollout_wait": t_collected - t_start,
+            "nemo_gym/packing": t_packed - t_collected,
+            "nemo_gym/packing_share": (t_packed - t_collected) / max(t_packed - t_start, 1e-9),
+        }
+        timing.update(environment_metrics(packed.stats))
+        output = packed.data
+        output.meta_info["timing"] = timing
+        return output
+
+    def _check_agents(self, rows, prompts: DataProto) -> None:
+        indices = prompts.non_tensor_batch.get("index")
+        for i, row in enumerate(rows):
+            name = (row.get("agent_ref") or {}).get("name")
+            if name not in self.agent_names:
+                where = f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "")
+                raise ValueError(
+                    f"{where}: agent_ref.name {name!r} is not an agent configured in {self.config_path}; "
+                    f"configured agents: {sorted(self.agent_names)}"
+                )
+
+    def _prompt_ids(self, row) -> list[int] | None:
+        """The row's prompt as the chat template renders it: what a failed row carries (masked) in the batch."""
+        params = row["responses_create_params"]
+        messages = params["input"]
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        try:
+            return list(
+                self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+        except Exception:  # noqa: BLE001 - Responses-API items the template cannot render; packing uses a pad
+            return None
+
+
+def _data_sources(prompts: DataProto, rows) -> list[str]:
+    """The input's own `data_source` when verl's batch has it (the trainer unions both sides), else the agent."""
+    sources = prompts.non_tensor_batch.get("data_source")
+    if sources is not None:
+        return [str(s) for s in sources]
+    return [row["agent_ref"]["name"] for row in rows]
+
+
+def _tokenizer(config: Any):
+    from verl.utils import hf_tokenizer
+    from verl.utils.fs import copy_to_local
+
+    model = config.actor_rollout_ref.model
+    return hf_tokenizer(copy_to_local(model.get("tokenizer_path") or model.path))

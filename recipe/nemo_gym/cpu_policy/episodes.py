@@ -1,0 +1,56 @@
+"""A scripted policy that plays NeMo Gym's shipped example rows (math and workplace assistant) for real.
+
+For the CPU end-to-end test and `demo --policy scripted`: every turn is decided in advance, so tests can
+assert exact outcomes, while the environments, their tools and their verifiers are NeMo Gym's own. Every
+completion is generated one token per character, so re-tokenising any turn gives other IDs than the
+"model" produced, which is exactly what the splice and the contiguity checks must survive.
+
+- math rows: a `<think>` block, then `\\boxed{32}`: reward 1 on the row whose expected answer is 32, 0 on
+  the others (math-verify decides).
+- the workplace row about Carlos's email: the tool call the ground truth expects (`email_reply_email`), then a
+  closing message: reward 1 from the environment's state comparison.
+- every other workplace row: one harmless lookup (`company_directory_find_email_address`), then a closing
+  message: two model calls with a real tool result between them, reward 0.
+"""
+
+from __future__ import annotations
+
+import json
+
+from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+
+CARLOS_REPLY = {"email_id": "00000057", "body": "Thanks for the update - I will get back to you tomorrow."}
+
+
+def _tool_call(name: str, arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def example_episodes_policy() -> ScriptedPolicy:
+    def say(text: str) -> ScriptCompletion:
+        return ScriptCompletion(text=text, split="char")
+
+    return ScriptedPolicy(
+        rules=[
+            ScriptRule(
+                name="math answer",
+                when=ScriptMatch(last_message_regex="Solve the following math problem"),
+                completion=say("<think>\nThe known count is 32.\n</think>\n\nThe answer is \\boxed{32}."),
+            ),
+            ScriptRule(
+                name="tool result seen: close",
+                when=ScriptMatch(last_message_regex="<tool_response>"),
+                completion=say("Done: I have taken care of it."),
+            ),
+            ScriptRule(
+                name="reply to carlos",
+                when=ScriptMatch(assistant_turns=0, last_message_regex="Reply to carlos's last email"),
+                completion=say(_tool_call("email_reply_email", CARLOS_REPLY)),
+            ),
+            ScriptRule(
+                name="other workplace task: look someone up",
+                when=ScriptMatch(assistant_turns=0),
+                completion=say(_tool_call("company_directory_find_email_address", {"name": "carlos"})),
+            ),
+        ]
+    )

@@ -1,0 +1,143 @@
+"""Drive the real manager on CPU exactly as verl's trainer does, with the CPU policy server in vLLM's place.
+
+Used by the CPU end-to-end tests and by the demo job (`python -m recipe.nemo_gym.demo`). Everything here is
+verl's own code path except the GPU engine:
+- `compose_verl_config`: verl's trainer config composed with Hydra from verl's own config directory, the way
+  `verl.trainer.main_ppo` composes it, so a key verl does not accept fails here too.
+- `verl_llm_client`: verl's real `LLMServerClient` over verl's real `GlobalRequestLoadBalancer` Ray actor,
+  registered with the CPU server's address, which is how verl 0.9.1 hands its vLLM servers to a manager.
+- `trainer_batches`: the batch `generate_sequences` receives, and the trainer's side of it: verl's collate over
+  dataset items, `DataProto.from_single_dict`, a `uid` per prompt, the trainer's non-tensor pop, `rollout.n` interleaved
+  repeats, and the validation meta_info and padding when validating.
+- `example_rows`: NeMo Gym's example rows shipped in the wheel, with the `agent_ref` its data preparation adds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+EXAMPLE_DATA = {
+    "math_with_judge_simple_agent": "resources_servers/math_with_judge/data/example.jsonl",
+    "workplace_assistant_simple_agent": "resources_servers/workplace_assistant/data/example.jsonl",
+}
+
+
+def verl_config_dir() -> Path:
+    spec = importlib.util.find_spec("verl")
+    assert spec is not None and spec.origin is not None, "verl is not installed"
+    return Path(spec.origin).parent / "trainer" / "config"
+
+
+def compose_verl_config(overrides: Sequence[str], config_name: str = "ppo_trainer"):
+    """verl's trainer config with `overrides`, composed by Hydra from verl's own config directory."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def cpu_trainer_overrides(
+    model_dir: str | Path,
+    agent_loop_config_path: str | Path,
+    *,
+    prompt_length: int,
+    response_length: int,
+    n: int,
+    batch_size: int,
+) -> list[str]:
+    """The overrides a user passes to `main_ppo` for this plugin, sized for a CPU run."""
+    return [
+        "trainer.use_v1=false",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
+        f"data.train_batch_size={batch_size}",
+        f"data.max_prompt_length={prompt_length}",
+        f"data.max_response_length={response_length}",
+        "data.custom_cls.path=pkg://recipe.nemo_gym.dataset",
+        "data.custom_cls.name=NeMoGymJSONLDataset",
+    ]
+
+
+def verl_llm_client(config, addresses: Sequence[str]):
+    """verl's `LLMServerClient` whose load balancer lists `addresses` ("host:port"). Needs a running Ray."""
+    import ray
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    # verl registers one Ray actor handle per server; the CPU server is not a Ray actor, and the manager only
+    # reads the addresses (the balancer's keys), so the handle slot stays empty.
+    balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={address: None for address in addresses})
+    return LLMServerClient(config, load_balancer_handle=balancer)
+
+
+def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, Any]]:
+    """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does."""
+    from recipe.nemo_gym.config import NeMoGymSection
+
+    root = NeMoGymSection(config_paths=["-"]).resolved_root()
+    rows = []
+    for agent in agents:
+        for line in (root / EXAMPLE_DATA[agent]).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                row["agent_ref"] = {"type": "responses_api_agents", "name": agent}
+                rows.append(row)
+    return rows
+
+
+def write_jsonl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def trainer_batches(dataset, indices: Sequence[int], config, *, validate: bool = False, global_step: int = 1):
+    """What verl 0.9.1's trainer holds around `generate_sequences` for dataset rows `indices`.
+
+    Returns `(kept, gen_batch)`: `gen_batch` is what the manager receives; `kept` is the trainer's side (the
+    tensors and reward keys it keeps, repeated like the rollout), which `fit` unions with the rollout output
+    (`kept.union(output)`; `DataProto.union` fails if a shared key such as `data_source` differs).
+    """
+    from verl import DataProto
+    from verl.protocol import pad_dataproto_to_divisor
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    rollout = config.actor_rollout_ref.rollout
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in indices]))
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    if validate:
+        batch = batch.repeat(repeat_times=rollout.val_kwargs.n, interleave=True)
+    # The trainer's _get_gen_batch: every non-tensor goes to generation; the reward keys stay on both sides.
+    reward_keys = {"data_source", "reward_model", "extra_info", "uid"} & batch.non_tensor_batch.keys()
+    gen_batch = batch.pop(batch_keys=[], non_tensor_batch_keys=list(set(batch.non_tensor_batch) - reward_keys))
+    gen_batch.non_tensor_batch.update(batch.non_tensor_batch)
+    if validate:
+        gen_batch.meta_info = {"validate": True, "do_sample": rollout.val_kwargs.do_sample, "global_steps": global_step}
+        gen_batch, _ = pad_dataproto_to_divisor(gen_batch, rollout.agent.num_workers)
+        batch, _ = pad_dataproto_to_divisor(batch, rollout.agent.num_workers)
+        return batch, gen_batch
+    gen_batch.meta_info["global_steps"] = global_step
+    return (
+        batch.repeat(repeat_times=rollout.n, interleave=True),
+        gen_batch.repeat(repeat_times=rollout.n, interleave=True),
+    )

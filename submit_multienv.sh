@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Train with verl on a blend of NeMo Gym environments (math_with_judge and workplace_assistant): each JSONL
+# row names its environment in agent_ref.name; GRPO, vLLM rollouts, FSDP or Megatron (STRATEGY in config.env).
+#
+#   sbatch --nodes=<NNODES> --gpus-per-node=<GPUS_PER_NODE> submit_multienv.sh [extra verl overrides...]
+#   ./submit_multienv.sh [extra verl overrides...]        # one machine, no Slurm
+#   DRY_RUN=1 ./submit_multienv.sh                        # print the trainer's argument list, start nothing
+#
+# Settings come from config.env (CONFIG_ENV=<file> to use another; see config.env.example).
+#SBATCH --job-name=nemo-gym-multienv
+#SBATCH --ntasks-per-node=1
+#SBATCH --exclusive
+set -euo pipefail
+
+# The repository root: REPO_DIR if set, else this script's folder, else (sbatch runs a spool copy of the
+# script) the folder sbatch was called from.
+if [[ -z "${REPO_DIR:-}" ]]; then
+    REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    [[ -f "$REPO_DIR/scripts_common.sh" ]] || REPO_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
+fi
+[[ -f "$REPO_DIR/scripts_common.sh" ]] || { echo "submit: ERROR: no scripts_common.sh in $REPO_DIR; set REPO_DIR" >&2; exit 1; }
+# shellcheck source=scripts_common.sh
+source "$REPO_DIR/scripts_common.sh"
+ng_check_repo
+ng_load_config
+ng_main "$REPO_DIR/recipe/nemo_gym/configs/multienv.yaml" MULTIENV_TRAIN_FILES MULTIENV_VAL_FILES multienv "$@"

@@ -1,0 +1,208 @@
+"""CPU end to end: the real manager, created as verl creates it, on NeMo Gym's real math and workplace servers.
+
+Path under test (only vLLM's GPU engine is replaced):
+NeMoGymJSONLDataset rows -> verl's collate and the trainer's batch preparation -> `NeMoGymAgentLoopManager.create`
+with verl's real `LLMServerClient` and load balancer -> NeMo Gym's `workplace_assistant` and `math_with_judge`
+servers from the installed wheel (one blend) -> NeMo Gym's training model server -> the CPU policy server (vLLM
+0.24's OpenAI server, splice patch on) playing a scripted tool-using policy in a one-token-per-character split ->
+the packed DataProto -> verl's GRPO advantage and vanilla policy loss.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import ray
+import torch
+from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
+from verl.utils.config import omega_conf_to_dataclass
+
+from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+from recipe.nemo_gym.cpu_policy import harness
+from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
+from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+from recipe.nemo_gym.packing import TOKEN_FIELDS
+
+MULTIENV = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "multienv.yaml"
+MATH = "math_with_judge_simple_agent"
+WORKPLACE = "workplace_assistant_simple_agent"
+N = 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    model_dir = tiny_qwen3_dir()
+    rows = harness.example_rows()
+    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    overrides = harness.cpu_trainer_overrides(
+        model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
+    )
+    config = harness.compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+    server = CPUPolicyServer(model_dir, script=example_episodes_policy()).start()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    manager = None
+    try:
+        llm_client = harness.verl_llm_client(config, [f"{server.host}:{server.port}"])
+        manager = NeMoGymAgentLoopManager.create(
+            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
+        )
+        yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        ray.shutdown()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def training(stack):
+    """One training batch: every row, each repeated rollout.n times."""
+    kept, batch = harness.trainer_batches(stack["dataset"], range(len(stack["dataset"])), stack["config"])
+    output = stack["manager"].generate_sequences(batch)
+    return batch, kept.union(output), list(stack["manager"].last_results)
+
+
+def _calls(result):
+    """(prompt_ids, generation_ids, log_probs) of each model call, read straight from the NeMo Gym result."""
+    return [
+        tuple(item[f] for f in TOKEN_FIELDS)
+        for item in result["response"]["output"]
+        if all(item.get(f) is not None for f in TOKEN_FIELDS)
+    ]
+
+
+def test_rows_come_back_in_input_order_with_their_environment(training, stack):
+    batch, output, results = training
+    assert len(output) == len(batch) == N * len(stack["rows"])
+    expected = [row["agent_ref"]["name"] for row in stack["rows"] for _ in range(N)]
+    assert list(output.non_tensor_batch["data_source"]) == expected
+
+    def contents(messages):
+        return [m["content"] for m in messages]
+
+    assert [contents(r["responses_create_params"]["input"]) for r in results] == [
+        contents(row["responses_create_params"]["input"]) for row in stack["rows"] for _ in range(N)
+    ]
+    assert list(output.non_tensor_batch["uid"]) == list(batch.non_tensor_batch["uid"])
+
+
+def test_every_turn_is_contiguous_with_the_models_own_ids(training):
+    _, _, results = training
+    multi_turn = 0
+    for result in results:
+        calls = _calls(result)
+        for (prev_prompt, prev_gen, _), (prompt, _, _) in zip(calls, calls[1:], strict=False):
+            assert prompt[: len(prev_prompt) + len(prev_gen)] == prev_prompt + prev_gen
+        multi_turn += len(calls) > 1
+    assert multi_turn == N * 5  # every workplace row: tool call, tool result, closing message
+
+
+def test_masks_log_probs_and_rewards_match_the_episode_token_by_token(training, stack):
+    _, output, results = training
+    tokenizer = stack["manager"].tokenizer
+    P = output.batch["prompts"].shape[1]
+    for i, result in enumerate(results):
+        calls = _calls(result)
+        expected_ids, expected_mask, expected_lp = [], [], []
+        for k, (prompt, gen, lp) in enumerate(calls):
+            if k:
+                prev_prompt, prev_gen, _ = calls[k - 1]
+                delta = prompt[len(prev_prompt) + len(prev_gen) :]
+                expected_ids += delta
+                expected_mask += [0] * len(delta)
+                expected_lp += [0.0] * len(delta)
+            expected_ids += gen
+            expected_mask += [1] * len(gen)
+            expected_lp += lp
+        n = len(expected_ids)
+        first_prompt = calls[0][0]
+        assert output.batch["prompts"][i, P - len(first_prompt) :].tolist() == first_prompt
+        assert output.batch["responses"][i, :n].tolist() == expected_ids
+        assert output.batch["response_mask"][i].tolist() == expected_mask + [0] * (1024 - n)
+        torch.testing.assert_close(output.batch["rollout_log_probs"][i, :n], torch.tensor(expected_lp))
+        assert output.batch["attention_mask"][i, P:].sum().item() == n
+        scores = output.batch["rm_scores"][i]
+        assert scores.sum().item() == pytest.approx(float(result["reward"]))
+        assert scores[n - 1].item() == pytest.approx(float(result["reward"]))
+        # The policy "generated" one token per character: re-tokenising its text would give other IDs.
+        text = tokenizer.decode(calls[0][1], skip_special_tokens=False)
+        assert tokenizer.encode(text.removesuffix("<|im_end|>"), add_special_tokens=False) != calls[0][1][:-1]
+
+
+def test_rewards_are_the_environments_verdicts(training, stack):
+    _, output, results = training
+    rewards = [float(r["reward"]) for r in results]
+    sources = list(output.non_tensor_batch["data_source"])
+    math_expected = [row.get("expected_answer") for row in stack["rows"] for _ in range(N)]
+    for i, source in enumerate(sources):
+        if source == MATH:
+            assert rewards[i] == (1.0 if math_expected[i] == "32" else 0.0), i
+    carlos = [i for i, r in enumerate(results) if "Reply to carlos" in str(r["responses_create_params"]["input"])]
+    assert len(carlos) == N and all(rewards[i] == 1.0 for i in carlos)
+    others = [i for i, s in enumerate(sources) if s == WORKPLACE and i not in carlos]
+    assert others and all(rewards[i] == 0.0 for i in others)
+    assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx(rewards)
+
+
+def test_verl_grpo_advantage_and_policy_loss_are_finite_and_only_on_generated_tokens(training, stack):
+    _, output, _ = training
+    mask = output.batch["response_mask"]
+    scores = output.batch["rm_scores"]
+    # Grouped as the trainer groups (uid): the scripted policy answers both samples of a prompt alike, so every
+    # group's advantage is exactly 0.
+    advantages, returns = compute_grpo_outcome_advantage(
+        token_level_rewards=scores, response_mask=mask, index=output.non_tensor_batch["uid"]
+    )
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    assert (advantages == 0).all()
+    # Grouped by environment, rewards differ within a group: non-zero, and only where the policy generated.
+    advantages, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=scores, response_mask=mask, index=output.non_tensor_batch["data_source"]
+    )
+    assert torch.isfinite(advantages).all()
+    assert (advantages[mask == 0] == 0).all()
+    assert (advantages[mask == 1] != 0).any()
+    actor_config = omega_conf_to_dataclass(stack["config"].actor_rollout_ref.actor)
+    old = output.batch["rollout_log_probs"]
+    new = (old + 0.05 * mask).requires_grad_(True)
+    loss_mat, _ = compute_policy_loss_vanilla(
+        old_log_prob=old, log_prob=new, advantages=advantages, response_mask=mask, config=actor_config
+    )
+    loss = agg_loss(loss_mat, mask, "token-mean") if loss_mat.dim() else loss_mat
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert (new.grad[mask == 0] == 0).all()
+
+
+def test_metrics_reach_timing_per_environment(training):
+    _, output, _ = training
+    timing = output.meta_info["timing"]
+    assert timing[f"nemo_gym/{MATH}/episodes"] == 5 * N
+    assert timing[f"nemo_gym/{WORKPLACE}/episodes"] == 5 * N
+    assert timing[f"nemo_gym/{WORKPLACE}/num_turns/mean"] > timing[f"nemo_gym/{MATH}/num_turns/mean"]
+    assert timing["nemo_gym/all/failed"] == 0
+    assert timing["nemo_gym/rollout_wait"] > 0 and 0 <= timing["nemo_gym/packing_share"] < 1
+
+
+def test_validation_uses_val_kwargs_and_a_later_batch_works(training, stack):
+    manager = stack["manager"]
+    _, batch = harness.trainer_batches(stack["dataset"], [0, 5], stack["config"], validate=True)
+    output = manager.generate_sequences(batch)
+    assert len(output) == len(batch)
+    temperatures = {r["response"]["temperature"] for r in manager.last_results}
+    assert temperatures == {0.0}  # rollout.val_kwargs: greedy
+    _, _, training_results = training
+    assert {r["response"]["temperature"] for r in training_results} == {1.0}
+
+
+def test_shutdown_leaves_no_nemo_gym_process(stack):
+    manager = stack["manager"]
+    pids = list(manager._runtime.pids())  # noqa: SLF001 - the test checks the process list, not the manager's word
+    assert pids
+    manager.shutdown()
+    survivors = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert survivors == []

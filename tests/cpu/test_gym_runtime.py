@@ -1,0 +1,707 @@
+"""NeMo Gym 0.4.0's real servers under GymRuntime: start, readiness, health, ordered rollouts, shutdown.
+
+The servers are the installed wheel's own (`workplace_assistant`, `math_with_judge` with the judge off, their
+`simple_agent`s, the training `vllm_model`), on a local Ray started here. The one stand-in is the policy: a
+small HTTP server that answers `/v1/chat/completions` and `/tokenize` the way verl's vLLM server does (the part
+that cannot run on this machine), steered per request by markers in the prompt (answer, delay, HTTP 500, hang).
+
+The tests that share the started stack run in file order: the ones that kill servers come last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recipe.nemo_gym.event_loop import BackgroundLoop
+from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
+from recipe.nemo_gym.gym_runtime import (
+    GymConfigError,
+    GymRuntime,
+    GymRuntimeError,
+    GymServerDied,
+    GymServersSpec,
+    GymStartTimeout,
+    HeadPortInUseError,
+    ServerInstance,
+    build_global_config_dict,
+    check_config_paths,
+    check_port_free,
+    link_server_venvs,
+    nemo_gym_install_root,
+    resolve_config_path,
+    run_examples_in_order,
+    server_instances,
+    validate_examples,
+    write_interpreter_shim,
+)
+
+WORKPLACE = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"
+MATH = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
+SERVER_NAMES = {
+    "policy_model",
+    "workplace_assistant",
+    "workplace_assistant_simple_agent",
+    "math_with_judge",
+    "math_with_judge_simple_agent",
+}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gym_processes(head_port: int) -> list[psutil.Process]:
+    """Every live process on this machine that is a NeMo Gym server of the configuration with this head port."""
+    marker = f"port: {head_port}"
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if "NEMO_GYM_CONFIG_PATH" in env and marker in env.get("NEMO_GYM_CONFIG_DICT", ""):
+            found.append(proc)
+    return found
+
+
+def math_row(question: str, expected: str, *, answer: str, delay: float = 0.0, marker: str = "") -> dict:
+    content = f"{question} ANSWER={answer} DELAY={delay} {marker}".strip()
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": content}]},
+        "question": question,
+        "expected_answer": expected,
+        "agent_ref": {"name": "math_with_judge_simple_agent"},
+    }
+
+
+def workplace_row(marker: str = "") -> dict:
+    path = nemo_gym_install_root() / "resources_servers/workplace_assistant/data/example.jsonl"
+    row = json.loads(path.read_text().splitlines()[0])
+    row["agent_ref"] = {"name": "workplace_assistant_simple_agent"}
+    if marker:
+        row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return row
+
+
+class PolicyStub:
+    """Answers like vLLM's OpenAI server with token IDs; the prompt's markers choose what it does."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/tokenize"):
+                    return self._send(200, {"tokens": [1, 2, 3], "count": 3, "max_model_len": 4096})
+                text = " ".join(str(m.get("content")) for m in body["messages"] if m["role"] in ("user", "system"))
+                if "FAIL500" in text:
+                    return self._send(500, {"object": "error", "message": "policy exploded", "code": 500})
+                if "HANG" in text:
+                    stub.release.wait(120)
+                    return self._send(503, {"object": "error", "message": "released"})
+                delay = re.search(r"DELAY=([0-9.]+)", text)
+                time.sleep(float(delay.group(1)) if delay else 0.0)
+                answer = re.search(r"ANSWER=(\S+)", text)
+                content = f"The answer is \\boxed{{{answer.group(1) if answer else '0'}}}."
+                logprobs = [
+                    {"token": f"token_id:{i}", "logprob": -0.5, "bytes": None, "top_logprobs": []} for i in (9, 8)
+                ]
+                self._send(
+                    200,
+                    {
+                        "id": "chatcmpl-stub",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": body.get("model", "stub"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": content, "tool_calls": []},
+                                "finish_reason": "stop",
+                                "logprobs": {"content": logprobs},
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                    },
+                )
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the caller may have given up on a hanging request
+                    self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def spec_for(tmp: Path, head_port: int, policy_url: str, ray_address: str, **kw) -> GymServersSpec:
+    return GymServersSpec(
+        config_paths=(WORKPLACE, MATH),
+        policy_base_urls=(policy_url,),
+        policy_model_name="tiny-qwen3",
+        ray_head_node_address=ray_address,
+        head_server_port=head_port,
+        cache_dir=tmp / "cache",
+        **kw,
+    )
+
+
+# ---------------------------------------------------------------------------------------- pure functions
+
+
+def test_resolve_config_path_prefers_cwd_then_install_root(tmp_path: Path) -> None:
+    cwd, root = tmp_path / "cwd", tmp_path / "root"
+    for base in (cwd, root):
+        (base / "a").mkdir(parents=True)
+    (root / "a/only_root.yaml").write_text("x: 1")
+    (root / "a/both.yaml").write_text("x: 1")
+    (cwd / "a/both.yaml").write_text("x: 2")
+    assert resolve_config_path("a/only_root.yaml", cwd, root) == root / "a/only_root.yaml"
+    assert resolve_config_path("a/both.yaml", cwd, root) == cwd / "a/both.yaml"
+    assert resolve_config_path(str(root / "a/both.yaml"), cwd, root) == root / "a/both.yaml"
+    assert resolve_config_path("a/missing.yaml", cwd, root) is None
+
+
+def test_check_config_paths_names_every_missing_path_and_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(GymConfigError) as err:
+        check_config_paths([WORKPLACE, "nope/one.yaml", "/abs/two.yaml"], tmp_path, nemo_gym_install_root())
+    message = str(err.value)
+    assert "'nope/one.yaml'" in message and str(tmp_path / "nope/one.yaml") in message
+    assert str(nemo_gym_install_root() / "nope/one.yaml") in message and "'/abs/two.yaml'" in message
+    assert "workplace_assistant.yaml" not in message
+    assert check_config_paths([WORKPLACE], tmp_path, nemo_gym_install_root()) == [nemo_gym_install_root() / WORKPLACE]
+
+
+def test_build_global_config_dict_exact(tmp_path: Path) -> None:
+    spec = GymServersSpec(
+        config_paths=[MATH],
+        policy_base_urls=["http://h1:8000/v1", "http://h2:8000/v1"],
+        policy_model_name="/models/qwen",
+        policy_api_key="k",
+        head_server_port=12345,
+        log_dir=tmp_path / "logs",
+        overrides={"math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}}},
+    )
+    assert build_global_config_dict(spec, "10.0.0.1:6379", Path("/v"), Path("/u")) == {
+        "math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}},
+        "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml", MATH],
+        "policy_base_url": ["http://h1:8000/v1", "http://h2:8000/v1"],
+        "policy_api_key": "k",
+        "policy_model_name": "/models/qwen",
+        "head_server": {"host": "127.0.0.1", "port": 12345},
+        "ray_head_node_address": "10.0.0.1:6379",
+        "skip_venv_if_present": True,
+        "uv_venv_dir": "/v",
+        "uv_cache_dir": "/u",
+        "nemo_gym_log_dir": str(tmp_path / "logs"),
+    }
+
+
+def test_spec_from_plugin_yaml_maps_every_field(tmp_path: Path) -> None:
+    from recipe.nemo_gym.config import load_config
+
+    path = tmp_path / "plugin.yaml"
+    path.write_text(
+        f"""
+nemo_gym:
+  root: {tmp_path}
+  config_paths:
+    - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
+    - /abs/env.yaml
+  config_overrides:
+    policy_model: {{responses_api_models: {{vllm_model: {{extra_body: {{x: 1}}}}}}}}
+  head_server: {{host: 0.0.0.0, port: 12001}}
+  policy_api_key: secret
+  uses_reasoning_parser: true
+  venv_dir: {tmp_path}/venvs
+  log_dir: {tmp_path}/logs
+timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
+"""
+    )
+    spec = GymServersSpec.from_config(load_config(path), ["http://h:1/v1"], "served-name", "10.0.0.1:6379")
+    assert spec.all_config_paths == (
+        str(tmp_path / "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"),
+        "/abs/env.yaml",
+    )
+    assert spec.overrides == {
+        "policy_model": {
+            "responses_api_models": {"vllm_model": {"uses_reasoning_parser": True, "extra_body": {"x": 1}}}
+        }
+    }
+    assert (spec.head_server_host, spec.head_server_port, spec.policy_api_key) == ("0.0.0.0", 12001, "secret")
+    assert (spec.policy_base_urls, spec.policy_model_name, spec.ray_head_node_address) == (
+        ("http://h:1/v1",),
+        "served-name",
+        "10.0.0.1:6379",
+    )
+    assert (spec.venv_dir, spec.log_dir) == (tmp_path / "venvs", tmp_path / "logs")
+    assert (spec.startup_timeout_s, spec.shutdown_grace_s) == (42, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"config_paths": ()}, "config_paths is empty"),
+        ({"policy_base_urls": ("localhost:8000",)}, "not an http(s) URL"),
+        ({"overrides": {"head_server": {"port": 1}}}, "['head_server']"),
+        ({"head_server_port": 70000}, "not a TCP port"),
+        ({"startup_timeout_s": 0}, "startup_timeout_s must be positive"),
+    ],
+)
+def test_spec_rejects_bad_fields_naming_them(kwargs: dict, needle: str) -> None:
+    base = {"config_paths": (MATH,), "policy_base_urls": ("http://h:1/v1",), "policy_model_name": "m"}
+    with pytest.raises(GymConfigError, match=re.escape(needle)):
+        GymServersSpec(**(base | kwargs))
+
+
+def test_server_instances_mirror_what_run_helper_launches() -> None:
+    config = {
+        "config_paths": ["x.yaml"],
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+        "policy_model": {"responses_api_models": {"vllm_model": {"entrypoint": "app.py", "host": "h", "port": 5}}},
+        "math_with_judge_simple_agent": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
+        "not_a_server": {"some": {"thing": {"no_entrypoint": 1}}},
+        "scalar": 3,
+    }
+    assert server_instances(config, reserved_keys={"config_paths", "head_server"}) == [
+        ServerInstance("policy_model", "responses_api_models", "vllm_model", "h", 5),
+        ServerInstance("math_with_judge_simple_agent", "responses_api_agents", "simple_agent", None, None),
+    ]
+
+
+def test_validate_examples_names_the_bad_row() -> None:
+    good = math_row("q", "1", answer="1")
+    agents = {"math_with_judge_simple_agent"}
+    assert validate_examples([good, good], agents) == ["math_with_judge_simple_agent"] * 2
+    no_agent = {k: v for k, v in good.items() if k != "agent_ref"}
+    with pytest.raises(ValueError, match=r"row 1: missing agent_ref.name"):
+        validate_examples([good, no_agent], agents)
+    with pytest.raises(ValueError, match=r"row 0: agent_ref.name 'other' is not an agent"):
+        validate_examples([good | {"agent_ref": {"name": "other"}}], agents)
+    with pytest.raises(ValueError, match=r"row 2: missing responses_create_params"):
+        validate_examples([good, good, {"agent_ref": {"name": "math_with_judge_simple_agent"}}], agents)
+
+
+def test_interpreter_shim_runs_this_interpreter_and_links_are_idempotent(tmp_path: Path) -> None:
+    import subprocess
+
+    shim = write_interpreter_shim(tmp_path, sys.executable)
+    links = link_server_venvs(tmp_path, [("resources_servers", "m"), ("responses_api_agents", "a")], shim)
+    assert links == [tmp_path / "resources_servers/m/.venv", tmp_path / "responses_api_agents/a/.venv"]
+    assert link_server_venvs(tmp_path, [("resources_servers", "m")], shim) == links[:1]
+    venv = links[0]
+    assert (venv / "bin/python").exists() and (venv / "bin/activate").exists()
+    out = subprocess.run(
+        ["bash", "-c", f"source {venv}/bin/activate && python -c 'import sys; print(sys.prefix)'"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == sys.prefix
+    (tmp_path / "resources_servers/x/.venv").mkdir(parents=True)
+    with pytest.raises(GymConfigError, match="is not a link made by this plugin"):
+        link_server_venvs(tmp_path, [("resources_servers", "x")], shim)
+
+
+def test_check_port_free_names_the_busy_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(HeadPortInUseError, match=f"127.0.0.1:{port} is already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)
+
+
+# ------------------------------------------------------------------------------------------ event loop
+
+
+def test_background_loop_runs_from_threads_and_other_loops() -> None:
+    async def add(a: int, b: int) -> int:
+        await asyncio.sleep(0.01)
+        return a + b
+
+    with BackgroundLoop() as bg:
+        assert bg.run(add(1, 2)) == 3
+        results = []
+        threads = [threading.Thread(target=lambda i=i: results.append(bg.run(add(i, i)))) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [0, 2, 4, 6]
+        assert asyncio.run(bg.arun(add(2, 3))) == 5  # from a loop that is then closed, as verl's create() is
+
+        async def loop_identity() -> int:
+            return id(asyncio.get_running_loop())
+
+        assert bg.run(loop_identity()) == id(bg.loop)
+
+
+def test_background_loop_timeout_cancels_the_task_and_says_what_timed_out() -> None:
+    cleaned = threading.Event()
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.set()
+
+    async def raises_timeout() -> None:
+        raise TimeoutError("the coroutine's own")
+
+    with BackgroundLoop() as bg:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"my batch did not finish within 0.2s.*cancelled"):
+            bg.run(slow(), timeout=0.2, what="my batch")
+        assert time.monotonic() - t0 < 5 and cleaned.is_set()
+        with pytest.raises(TimeoutError, match="the coroutine's own"):
+            bg.run(raises_timeout(), timeout=5)
+
+
+def test_background_loop_close_cancels_pending_tasks_and_is_idempotent() -> None:
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    bg = BackgroundLoop()
+    future = bg.submit(forever())
+    time.sleep(0.05)
+    bg.close()
+    bg.close()
+    assert cancelled.is_set() and future.cancelled()
+    assert not bg._thread.is_alive() and bg.loop.is_closed()
+    with pytest.raises(RuntimeError, match="is closed"):
+        bg.run(asyncio.sleep(0))
+
+
+# ------------------------------------------------------------------------- ordering, deadline, health core
+
+
+def test_run_examples_in_order_restores_input_order_and_keeps_failures_per_row() -> None:
+    rows = [{"id": i} for i in range(5)]
+    completion = []
+
+    async def post_run(i: int, row: dict) -> dict | EpisodeFailure:
+        await asyncio.sleep(0.05 * (5 - i))  # finish in reverse order
+        completion.append(i)
+        if i == 2:
+            return EpisodeFailure(FailureCause.SERVER_ERROR, "HTTP 500", row=i)
+        return {"echo": row["id"]}
+
+    out = asyncio.run(run_examples_in_order(rows, post_run, deadline_s=10))
+    assert completion == [4, 3, 2, 1, 0]
+    assert out == [
+        {"echo": 0},
+        {"echo": 1},
+        EpisodeFailure(FailureCause.SERVER_ERROR, "HTTP 500", row=2),
+        {"echo": 3},
+        {"echo": 4},
+    ]
+
+
+def test_run_examples_in_order_deadline_cancels_pending_and_counts_them() -> None:
+    cancelled = []
+
+    async def post_run(i: int, row: dict) -> dict:
+        try:
+            await asyncio.sleep(0 if i == 0 else 60)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return {}
+
+    with pytest.raises(RolloutAborted, match=r"deadline of 0.3s with 2 of 3 episodes pending \(rows 1, 2\)"):
+        asyncio.run(run_examples_in_order([{}, {}, {}], post_run, deadline_s=0.3, health_check_interval_s=0.1))
+    assert sorted(cancelled) == [1, 2]
+
+
+def test_run_examples_in_order_aborts_naming_the_dead_server() -> None:
+    calls = []
+
+    def health() -> None:
+        calls.append(1)
+        if len(calls) >= 3:
+            raise GymServerDied("NeMo Gym server 'math_with_judge': process killed by signal 9.", ["math_with_judge"])
+
+    async def post_run(i: int, row: dict) -> dict:
+        await asyncio.sleep(60)
+        return {}
+
+    with pytest.raises(RolloutAborted, match=r"\['math_with_judge'\] died with 2 of 2 episodes pending"):
+        asyncio.run(
+            run_examples_in_order([{}, {}], post_run, deadline_s=30, health_check=health, health_check_interval_s=0.05)
+        )
+
+
+# ---------------------------------------------------------------------------------- real NeMo Gym servers
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    stub = PolicyStub()
+    yield stub
+    stub.close()
+
+
+def test_start_with_missing_config_path_fails_before_starting_anything(tmp_path: Path) -> None:
+    port = free_port()
+    spec = GymServersSpec(
+        config_paths=(MATH, "resources_servers/no_such_env/configs/no_such_env.yaml"),
+        policy_base_urls=("http://127.0.0.1:9/v1",),
+        policy_model_name="m",
+        ray_head_node_address="127.0.0.1:1",
+        head_server_port=port,
+        cache_dir=tmp_path,
+    )
+    with pytest.raises(GymConfigError, match=r"'resources_servers/no_such_env/configs/no_such_env.yaml' \(looked in"):
+        GymRuntime.start(spec)
+    assert gym_processes(port) == []
+    check_port_free("127.0.0.1", port)
+
+
+def test_start_with_head_port_in_use_names_it_and_starts_nothing(tmp_path: Path, ray_address: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address)
+        with pytest.raises(HeadPortInUseError, match=rf"head server port 127.0.0.1:{port} is already in use"):
+            GymRuntime.start(spec)
+        assert gym_processes(port) == []
+        assert not list((tmp_path / "cache").glob("**/.venv"))
+
+
+def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(tmp_path: Path, ray_address: str) -> None:
+    port = free_port()
+    spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address, startup_timeout_s=4.0)
+    t0 = time.monotonic()
+    with pytest.raises(GymStartTimeout) as err:
+        GymRuntime.start(spec)
+    assert time.monotonic() - t0 < 4.0 + 20.0  # deadline, then a bounded teardown
+    assert "not ready within 4s" in str(err.value)
+    assert set(err.value.servers) <= SERVER_NAMES and err.value.servers
+    assert gym_processes(port) == []
+    check_port_free("127.0.0.1", port)
+
+
+CHILD = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+
+port, ray_address, tmp, mode = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+spec = GymServersSpec(
+    config_paths=("resources_servers/math_with_judge/configs/math_with_judge.yaml",),
+    policy_base_urls=("http://127.0.0.1:9/v1",), policy_model_name="m", ray_head_node_address=ray_address,
+    head_server_port=port, cache_dir=tmp / "cache", startup_timeout_s=300,
+)
+if mode == "sigterm":
+    def previous(signum, frame):
+        (tmp / "previous_handler_ran").write_text(str(signum))
+        os._exit(0)  # no atexit, no unwinding: only the runtime's SIGTERM hook can have stopped the servers
+    signal.signal(signal.SIGTERM, previous)
+    GymRuntime.start(spec)  # servers start; the test sends SIGTERM while they come up
+else:
+    threading.Thread(target=GymRuntime.start, args=(spec,), daemon=True).start()
+    while not (tmp / "exit_now").exists():
+        time.sleep(0.1)
+    # a normal interpreter exit: atexit must stop the servers
+"""
+
+
+def _run_child_until_servers_exist(tmp_path: Path, ray_address: str, mode: str) -> tuple[psutil.Popen, int]:
+    port = free_port()
+    child = psutil.Popen(
+        [sys.executable, "-c", CHILD, str(port), ray_address, str(tmp_path), mode],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    deadline = time.monotonic() + 60
+    while len(gym_processes(port)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(gym_processes(port)) == 3, "the child never launched its servers"
+    return child, port
+
+
+def test_sigterm_of_the_trainer_stops_servers_and_chains_the_previous_handler(tmp_path: Path, ray_address: str) -> None:
+    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "sigterm")
+    child.terminate()
+    assert child.wait(60) == 0
+    assert (tmp_path / "previous_handler_ran").read_text() == str(int(signal.SIGTERM))
+    assert gym_processes(port) == []
+
+
+def test_interpreter_exit_stops_servers(tmp_path: Path, ray_address: str) -> None:
+    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "atexit")
+    (tmp_path / "exit_now").write_text("")
+    assert child.wait(60) == 0
+    assert gym_processes(port) == []
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str, policy: PolicyStub):
+    tmp = tmp_path_factory.mktemp("gym")
+    port = free_port()
+    spec = spec_for(tmp, port, policy.url, ray_address, log_dir=tmp / "logs", startup_timeout_s=300.0)
+    runtime = GymRuntime.start(spec)
+    print(f"\nNeMo Gym start-up: {len(runtime.servers)} servers ready in {runtime.startup_s:.1f}s")
+    try:
+        yield runtime
+    finally:
+        runtime.shutdown()
+
+
+def test_started_stack_is_ready_and_healthy(stack: GymRuntime) -> None:
+    assert {s.name for s in stack.servers} == SERVER_NAMES
+    report = stack.health(http_timeout_s=5.0)
+    assert report.ok and {s.name for s in report.servers} == SERVER_NAMES
+    stack.check_health(http_timeout_s=5.0)
+    assert set(stack.pids().values()) == SERVER_NAMES
+    assert {p.pid for p in gym_processes(stack.spec.head_server_port)} <= set(stack.pids())
+    assert {f.name for f in stack.spec.log_dir.iterdir()} == {f"{n}.log" for n in SERVER_NAMES}
+
+
+def test_second_runtime_in_the_same_process_is_refused(stack: GymRuntime, tmp_path: Path, ray_address: str) -> None:
+    spec = spec_for(tmp_path, free_port(), "http://127.0.0.1:9/v1", ray_address)
+    with pytest.raises(GymRuntimeError, match="already live in this process"):
+        GymRuntime.start(spec)
+
+
+def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
+    rows = [
+        math_row("What is 2+2?", "4", answer="4", delay=1.2),
+        math_row("What is 2+3?", "5", answer="7", delay=0.6),
+        workplace_row(),
+        math_row("What is 3+3?", "6", answer="6", delay=0.0),
+    ]
+    # From a fresh event loop that is closed afterwards, as verl's auto_await runs create().
+    out = asyncio.run(stack.collect(rows, deadline_s=60))
+    assert [type(o) for o in out] == [dict] * 4
+    assert [o["responses_create_params"]["input"][0]["content"] for o in out] == [
+        r["responses_create_params"]["input"][0]["content"] for r in rows
+    ]
+    assert [out[i]["reward"] for i in (0, 1, 3)] == [1.0, 0.0, 1.0]
+    assert out[2]["response"]["output"][-1]["content"][0]["text"] == "The answer is \\boxed{0}."
+
+
+def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: GymRuntime) -> None:
+    rows = [math_row("What is 1+1?", "2", answer="2"), math_row("Boom", "1", answer="1", marker="FAIL500")]
+    out = stack.collect_sync(rows, deadline_s=60)
+    assert out[0]["reward"] == 1.0
+    failure = out[1]
+    assert isinstance(failure, EpisodeFailure)
+    assert failure.cause is FailureCause.SERVER_ERROR and failure.row == 1
+    assert "agent 'math_with_judge_simple_agent' /run returned HTTP 500" in failure.detail
+
+
+def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: GymRuntime) -> None:
+    rows = [math_row("What is 1+2?", "3", answer="3"), math_row("Slow", "1", answer="1", marker="HANG")]
+    t0 = time.monotonic()
+    with pytest.raises(RolloutAborted, match=r"deadline of 3s with 1 of 2 episodes pending \(rows 1\)"):
+        stack.collect_sync(rows, deadline_s=3.0)
+    assert time.monotonic() - t0 < 10
+    stack.check_health()
+
+
+def test_server_death_mid_batch_aborts_naming_the_server(stack: GymRuntime) -> None:
+    victim = next(
+        pid
+        for pid, name in stack.pids().items()
+        if name == "workplace_assistant" and "app.py" in " ".join(psutil.Process(pid).cmdline())
+    )
+    killer = threading.Timer(1.5, lambda: psutil.Process(victim).kill())
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RolloutAborted, match=r"\['workplace_assistant'\] died with 1 of 1 episodes pending"):
+            stack.collect_sync([workplace_row(marker="HANG")], deadline_s=60, health_check_interval_s=0.5)
+    finally:
+        killer.join()
+    assert time.monotonic() - t0 < 15
+
+
+def test_health_reports_a_killed_server_by_name(stack: GymRuntime) -> None:
+    victim = next(
+        pid
+        for pid, name in stack.pids().items()
+        if name == "math_with_judge" and "app.py" in " ".join(psutil.Process(pid).cmdline())
+    )
+    psutil.Process(victim).kill()
+    deadline = time.monotonic() + 10
+    while "math_with_judge" not in stack.health().dead and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(stack.health().dead) == {"workplace_assistant", "math_with_judge"}
+    with pytest.raises(GymServerDied) as err:
+        stack.check_health()
+    assert set(err.value.servers) == {"workplace_assistant", "math_with_judge"}
+    assert "NeMo Gym server 'math_with_judge': process" in str(err.value)
+
+
+def test_shutdown_leaves_no_process_and_frees_the_head_port(stack: GymRuntime) -> None:
+    started = stack.pids()
+    port = stack.spec.head_server_port
+    assert started and gym_processes(port)
+    t0 = time.monotonic()
+    stack.shutdown()
+    print(f"\nNeMo Gym shutdown: {time.monotonic() - t0:.1f}s for {len(started)} processes")
+    stack.shutdown()  # idempotent
+    assert stack.survivors == ()
+    assert [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"] == []
+    assert gym_processes(port) == []
+    check_port_free("127.0.0.1", port)
+    with pytest.raises(RolloutAborted, match="shut down"):
+        stack.collect_sync([math_row("q", "1", answer="1")], deadline_s=5)

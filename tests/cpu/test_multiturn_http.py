@@ -1,0 +1,186 @@
+"""A 4-turn episode over HTTP: NeMo Gym's real training model server against vLLM 0.24's real OpenAI server.
+
+The CPU policy server (`recipe.nemo_gym.cpu_policy.server`) runs vLLM's own app with the splice patch
+installed in its process, a scripted policy in place of the GPU engine, and the qwen3 reasoning parser.
+NeMo Gym's `responses_api_models/vllm_model` app is built in this process from its shipped training config
+(`vllm_model_for_training.yaml`: `return_token_id_information: true`, `uses_reasoning_parser: true`) and
+driven through `/v1/responses` the way an agent drives it: each turn's output items go back as input.
+"""
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+EOS = 151645
+ENDOFTEXT = 151643
+SERVED_NAME = "policy"
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "strict": True,
+    }
+]
+
+
+def _rule(turn: int, text: str, end: str = "eos") -> ScriptRule:
+    # One token per character: re-tokenizing the returned text never reproduces these IDs.
+    completion = ScriptCompletion(
+        text=text, split="char", end=end, stop_token_id=ENDOFTEXT if end == "stop_token" else None
+    )
+    return ScriptRule(name=f"turn{turn}", when=ScriptMatch(assistant_turns=turn), completion=completion)
+
+
+POLICY = ScriptedPolicy(
+    rules=[
+        _rule(0, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'),
+        _rule(1, "<think>\nThe tool said 18C.\n</think>\n\nIt is 18C in Paris."),
+        _rule(2, "<think>\nShort.\n</think>\n\nAnything else? I could also che", end="length"),
+        _rule(3, "<think>\nDone.\n</think>\n\nBye!", end="stop_token"),
+        _rule(4, "Bye."),  # the chat-path check after the episode
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def policy_server():
+    with CPUPolicyServer(
+        tiny_qwen3_dir(),
+        script=POLICY,
+        served_model_name=SERVED_NAME,
+        splice_patch=True,
+        extra_args=("--reasoning-parser", "qwen3"),
+        startup_timeout_s=400,
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def episode(policy_server):
+    from nemo_gym.server_utils import global_aiohttp_client_exit
+
+    # NeMo Gym's HTTP client is one process-wide aiohttp session bound to the loop that made it: start from
+    # none, make it on this episode's loop, and close it after.
+    global_aiohttp_client_exit()
+    try:
+        return asyncio.run(_episode(policy_server.base_url))
+    finally:
+        global_aiohttp_client_exit()
+
+
+def _training_model_server(base_url: str):
+    """NeMo Gym's vllm_model server object, configured from the YAML it ships for training."""
+    from nemo_gym.config_types import BaseServerConfig
+    from nemo_gym.server_utils import ServerClient
+    from omegaconf import OmegaConf
+    from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
+
+    app_dir = Path(importlib.util.find_spec("responses_api_models.vllm_model.app").origin).parent
+    shipped = OmegaConf.load(app_dir / "configs" / "vllm_model_for_training.yaml")
+    values = OmegaConf.create(
+        {"policy_base_url": base_url, "policy_api_key": "unused", "policy_model_name": SERVED_NAME}
+    )
+    merged = OmegaConf.merge(values, shipped)
+    server_dict = OmegaConf.to_container(merged.policy_model.responses_api_models.vllm_model, resolve=True)
+    config = VLLMModelConfig.model_validate({**server_dict, "host": "127.0.0.1", "port": 0, "name": "policy_model"})
+    assert config.return_token_id_information and config.uses_reasoning_parser
+    client = ServerClient(
+        head_server_config=BaseServerConfig(host="127.0.0.1", port=9), global_config_dict=OmegaConf.create({})
+    )
+    return VLLMModel(config=config, server_client=client)
+
+
+async def _episode(base_url: str) -> tuple[list[dict], dict]:
+    """Run 4 turns; return per-turn token info, and the edited-history and chat-vs-tokenize results."""
+    import httpx
+    from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+    from nemo_gym.server_utils import GlobalAIOHTTPAsyncClientConfig, set_global_aiohttp_client
+
+    set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
+    model = _training_model_server(base_url)
+    app = model.setup_webserver()
+    model.setup_exception_middleware(app)  # as NeMo Gym's run_webserver does: inner-server errors become 500s
+    turns: list[dict] = []
+    items: list[dict] = [{"role": "user", "content": "What is the weather in Paris?", "type": "message"}]
+    follow_ups = [None, "ok", "Rome too?", None]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://gym", timeout=120
+    ) as client:
+        for turn in range(4):
+            body = {"input": items, "tools": TOOLS, "model": SERVED_NAME}
+            response = await client.post("/v1/responses", json=body)
+            assert response.status_code == 200, response.text
+            output = response.json()["output"]
+            carrier = output[-1]
+            turns.append(
+                {
+                    "prompt": [int(t) for t in carrier["prompt_token_ids"]],
+                    "generation": [int(t) for t in carrier["generation_token_ids"]],
+                    "types": [o["type"] for o in output],
+                }
+            )
+            items = items + output
+            calls = [o for o in output if o["type"] == "function_call"]
+            for call in calls:
+                items.append({"type": "function_call_output", "call_id": call["call_id"], "output": "18C, sunny"})
+            if follow_ups[turn] is not None:
+                items.append({"role": "user", "content": follow_ups[turn], "type": "message"})
+
+        # An agent that drops the first exchange to save room: the server must refuse, not guess.
+        edited = [items[0], *items[3:]]
+        refused = await client.post("/v1/responses", json={"input": edited, "tools": TOOLS, "model": SERVED_NAME})
+        refusal = {"status": refused.status_code, "text": refused.text}
+
+        # The same final history through vLLM's chat path and /tokenize, as NeMo Gym sends them.
+        body = NeMoGymResponseCreateParamsNonStreaming.model_validate(
+            {"input": items, "tools": TOOLS, "model": SERVED_NAME}
+        )
+        chat_params = model._converter.responses_to_chat_completion_create_params(body).model_dump(exclude_unset=True)
+    async with httpx.AsyncClient(base_url=base_url.removesuffix("/v1"), timeout=120) as raw:
+        chat = await raw.post(
+            "/v1/chat/completions",
+            json={
+                "model": SERVED_NAME,
+                "messages": chat_params["messages"],
+                "tools": chat_params["tools"],
+                "return_token_ids": True,
+            },
+        )
+        tokenized = await raw.post(
+            "/tokenize", json={"model": SERVED_NAME, "messages": chat_params["messages"], "tools": chat_params["tools"]}
+        )
+    same_path = {"chat": chat.json().get("prompt_token_ids"), "tokenize": tokenized.json().get("tokens")}
+    return turns, {**refusal, **same_path}
+
+
+def test_four_turn_episode_each_prompt_begins_with_previous_prompt_and_generation(episode):
+    turns, _ = episode
+    assert [t["types"][-1] for t in turns] == ["function_call", "message", "message", "message"]
+    assert turns[0]["generation"][-1] == EOS
+    assert turns[2]["generation"][-1] not in (EOS, ENDOFTEXT)  # cut at the length limit
+    assert turns[3]["generation"][-1] == ENDOFTEXT  # ended on another stop token
+    for previous, current in zip(turns, turns[1:], strict=False):
+        true_prefix = previous["prompt"] + previous["generation"]
+        assert current["prompt"][: len(true_prefix)] == true_prefix
+        assert len(current["prompt"]) > len(true_prefix)
+
+
+def test_edited_history_over_http_is_refused_with_the_rule_not_read_as_a_length_finish(episode):
+    _, result = episode
+    assert result["status"] == 500  # NeMo Gym relays vLLM's 400 as an inner-server failure
+    assert "rule 2 (unedited history) failed" in result["text"]
+
+
+def test_tokenize_and_chat_completions_see_the_same_spliced_prompt_over_http(episode):
+    turns, result = episode
+    assert result["chat"] is not None and result["chat"] == result["tokenize"]
+    last = turns[-1]
+    assert result["tokenize"][: len(last["prompt"]) + len(last["generation"])] == last["prompt"] + last["generation"]

@@ -1,0 +1,511 @@
+"""Packing NeMo Gym results into verl 0.9.1 rollout tensors: exact tensors, data faults, verl's own math on them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from nemo_gym.openai_utils import NeMoGymResponse
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn
+from verl.utils.model import compute_position_id_with_mask
+from verl.workers.config.actor import FSDPActorConfig
+
+from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCause
+from recipe.nemo_gym.packing import (
+    Episode,
+    Segment,
+    SegmentKind,
+    episode_from_result,
+    order_outcomes,
+    pack_batch,
+    synthetic_result,
+)
+
+PAD = 0
+
+# A three-call tool episode: prompt [11, 12]; the model says [21, 22]; the tool adds [31, 32, 33]; the model
+# says [41]; the user adds [51]; the model says [61, 62].
+CALL_1 = ([11, 12], [21, 22], [-0.5, -0.25])
+CALL_2 = ([11, 12, 21, 22, 31, 32, 33], [41], [-1.0])
+CALL_3 = ([11, 12, 21, 22, 31, 32, 33, 41, 51], [61, 62], [-0.125, -2.0])
+MULTI = [CALL_1, CALL_2, CALL_3]
+
+
+def t(rows, dtype=torch.int64):
+    return torch.tensor(rows, dtype=dtype)
+
+
+def packed_tensors(packed: DataProto) -> dict[str, list]:
+    return {key: value.tolist() for key, value in packed.batch.items()}
+
+
+# --------------------------------------------------------------------------------------------------------
+# result -> Episode
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_multi_turn_result_becomes_alternating_segments_over_the_last_calls_tokens():
+    episode = episode_from_result(synthetic_result(MULTI, reward=0.5, agent_name="workplace_assistant"))
+    assert episode.token_ids.tolist() == [11, 12, 21, 22, 31, 32, 33, 41, 51, 61, 62]
+    assert episode.segments == (
+        Segment(SegmentKind.PROMPT, 0, 2),
+        Segment(SegmentKind.GENERATION, 2, 4),
+        Segment(SegmentKind.PROMPT, 4, 7),
+        Segment(SegmentKind.GENERATION, 7, 8),
+        Segment(SegmentKind.PROMPT, 8, 9),
+        Segment(SegmentKind.GENERATION, 9, 11),
+    )
+    assert episode.response_mask.tolist() == [True, True, False, False, False, True, False, True, True]
+    assert episode.response_log_probs.tolist() == [-0.5, -0.25, 0, 0, 0, -1.0, 0, -0.125, -2.0]
+    assert (episode.prompt_length, episode.response_length) == (2, 9)
+    assert (episode.num_model_calls, episode.num_turns, episode.generated_tokens, episode.env_tokens) == (3, 6, 5, 4)
+    assert episode.reward == 0.5
+    assert episode.agent_name == "workplace_assistant"
+
+
+def test_result_validated_and_dumped_by_nemo_gyms_response_model_packs_the_same():
+    # The real server returns NeMoGymResponse.model_dump(); the synthetic shape must survive it unchanged.
+    result = synthetic_result(MULTI, reward=1.0)
+    dumped = json.loads(NeMoGymResponse.model_validate(result["response"]).model_dump_json())
+    direct, through_model = episode_from_result(result), episode_from_result({**result, "response": dumped})
+    assert through_model.token_ids.tolist() == direct.token_ids.tolist()
+    assert through_model.segments == direct.segments
+    assert through_model.response_log_probs.tolist() == direct.response_log_probs.tolist()
+
+
+def test_real_nemo_gym_rollouts_shipped_in_the_wheel_pack():
+    # Rollouts recorded by NeMo Gym's own simple_agent + vllm_model with return_token_id_information.
+    root = Path(importlib.util.find_spec("resources_servers").submodule_search_locations[0])
+    path = root / "competitive_coding_challenges" / "data" / "example_rollouts.jsonl"
+    results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    episodes = [episode_from_result(result, max_prompt_length=256) for result in results]
+    for result, episode in zip(results, episodes, strict=True):
+        (item,) = [o for o in result["response"]["output"] if "prompt_token_ids" in o]
+        assert episode.token_ids.tolist() == item["prompt_token_ids"] + item["generation_token_ids"]
+        assert episode.response_log_probs.tolist() == pytest.approx(item["generation_log_probs"], abs=1e-6)
+        assert (episode.reward, episode.agent_name) == (result["reward"], "simple_agent")
+    packed = pack_batch(episodes, prompt_length=256, response_length=2048, pad_token_id=151643)
+    mask = packed.data.batch["response_mask"]
+    assert mask.sum(-1).tolist() == [e.generated_tokens for e in episodes]
+    assert packed.data.non_tensor_batch["data_source"].tolist() == ["simple_agent"] * len(episodes)
+
+
+def test_incomplete_details_marks_an_episode_stopped_on_length():
+    result = synthetic_result([CALL_1])
+    result["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    assert episode_from_result(result).stopped_on_length is True
+    assert episode_from_result(synthetic_result([CALL_1])).stopped_on_length is False
+
+
+# --------------------------------------------------------------------------------------------------------
+# Episode -> tensors
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_single_turn_episode_packs_into_verls_padded_layout():
+    episode = episode_from_result(synthetic_result([([11, 12, 13], [21, 22, 23], [-0.5, -0.25, -0.125])]))
+    packed = pack_batch([episode], prompt_length=4, response_length=5, pad_token_id=PAD).data
+    assert packed_tensors(packed) == {
+        "prompts": [[0, 11, 12, 13]],
+        "responses": [[21, 22, 23, 0, 0]],
+        "response_mask": [[1, 1, 1, 0, 0]],
+        "input_ids": [[0, 11, 12, 13, 21, 22, 23, 0, 0]],
+        "attention_mask": [[0, 1, 1, 1, 1, 1, 1, 0, 0]],
+        "position_ids": [[0, 0, 1, 2, 3, 4, 5, 5, 5]],
+        "rollout_log_probs": [[-0.5, -0.25, -0.125, 0.0, 0.0]],
+        "rm_scores": [[0.0, 0.0, 1.0, 0.0, 0.0]],
+    }
+    assert packed.non_tensor_batch["__num_turns__"].tolist() == [2]
+    assert packed.non_tensor_batch["__num_turns__"].dtype == np.int32
+    assert packed.non_tensor_batch["multi_modal_inputs"].tolist() == [{}]
+    assert packed.meta_info == {}
+
+
+def test_multi_turn_episode_masks_tool_and_user_tokens():
+    packed = pack_batch(
+        [episode_from_result(synthetic_result(MULTI, reward=0.75))],
+        prompt_length=3,
+        response_length=10,
+        pad_token_id=PAD,
+    )
+    assert packed_tensors(packed.data) == {
+        "prompts": [[0, 11, 12]],
+        "responses": [[21, 22, 31, 32, 33, 41, 51, 61, 62, 0]],
+        "response_mask": [[1, 1, 0, 0, 0, 1, 0, 1, 1, 0]],
+        "input_ids": [[0, 11, 12, 21, 22, 31, 32, 33, 41, 51, 61, 62, 0]],
+        "attention_mask": [[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]],
+        "position_ids": [[0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]],
+        "rollout_log_probs": [[-0.5, -0.25, 0.0, 0.0, 0.0, -1.0, 0.0, -0.125, -2.0, 0.0]],
+        "rm_scores": [[0, 0, 0, 0, 0, 0, 0, 0, 0.75, 0]],
+    }
+    assert packed.data.non_tensor_batch["__num_turns__"].tolist() == [6]
+    stats = packed.stats
+    assert (stats.generated_tokens.tolist(), stats.trained_tokens.tolist(), stats.env_tokens.tolist()) == (
+        [5],
+        [5],
+        [4],
+    )
+    assert (stats.total_tokens.tolist(), stats.truncated.tolist(), stats.failure_cause.tolist()) == (
+        [11],
+        [False],
+        [""],
+    )
+
+
+def test_tensor_dtypes_and_position_ids_match_verls_own_helpers():
+    packed = pack_batch(
+        [episode_from_result(synthetic_result(MULTI)), EpisodeFailure(FailureCause.SERVER_ERROR, "503")],
+        prompt_length=4,
+        response_length=12,
+        pad_token_id=PAD,
+    ).data
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert packed.batch[key].dtype == torch.int64, key
+    for key in ("rollout_log_probs", "rm_scores"):
+        assert packed.batch[key].dtype == torch.float32, key
+    assert torch.equal(packed.batch["position_ids"], compute_position_id_with_mask(packed.batch["attention_mask"]))
+    assert torch.equal(packed.batch["input_ids"], torch.cat([packed.batch["prompts"], packed.batch["responses"]], 1))
+    # verl's own rm_scores placement (AgentLoopWorker._postprocess): the last valid response token.
+    last_valid = packed.batch["attention_mask"][:, 4:].sum(dim=1) - 1
+    assert last_valid.tolist() == [8, 0]
+    assert packed.batch["rm_scores"][0, 8] == 1.0
+
+
+def test_episode_longer_than_response_length_is_cut_flagged_and_keeps_its_reward_on_the_last_kept_generation():
+    episode = episode_from_result(synthetic_result(MULTI, reward=0.5))
+    # Cut inside the second generation's window end: the last kept token (41) is generated.
+    six = pack_batch([episode], prompt_length=2, response_length=6, pad_token_id=PAD)
+    assert packed_tensors(six.data) == {
+        "prompts": [[11, 12]],
+        "responses": [[21, 22, 31, 32, 33, 41]],
+        "response_mask": [[1, 1, 0, 0, 0, 1]],
+        "input_ids": [[11, 12, 21, 22, 31, 32, 33, 41]],
+        "attention_mask": [[1, 1, 1, 1, 1, 1, 1, 1]],
+        "position_ids": [[0, 1, 2, 3, 4, 5, 6, 7]],
+        "rollout_log_probs": [[-0.5, -0.25, 0.0, 0.0, 0.0, -1.0]],
+        "rm_scores": [[0, 0, 0, 0, 0, 0.5]],
+    }
+    assert six.stats.truncated.tolist() == [True]
+    assert six.stats.trained_tokens.tolist() == [3]
+    assert six.stats.generated_tokens.tolist() == [5]
+    # Cut inside the tool output: the reward goes to the last generated token (22), not the tool token (32).
+    four = pack_batch([episode], prompt_length=2, response_length=4, pad_token_id=PAD)
+    assert four.data.batch["responses"].tolist() == [[21, 22, 31, 32]]
+    assert four.data.batch["response_mask"].tolist() == [[1, 1, 0, 0]]
+    assert four.data.batch["rm_scores"].tolist() == [[0, 0.5, 0, 0]]
+    assert four.stats.metrics()["nemo_gym/truncated"] == 1.0
+    # Exactly fitting is not a cut.
+    nine = pack_batch([episode], prompt_length=2, response_length=9, pad_token_id=PAD)
+    assert nine.stats.truncated.tolist() == [False]
+    assert nine.data.batch["rm_scores"].tolist() == [[0, 0, 0, 0, 0, 0, 0, 0, 0.5]]
+
+
+def test_reward_sits_on_the_last_generated_token_when_the_last_call_generated_nothing():
+    calls = [([11], [21, 22], [-1.0, -1.0]), ([11, 21, 22, 31], [], [])]
+    packed = pack_batch(
+        [episode_from_result(synthetic_result(calls, reward=-1))], prompt_length=1, response_length=4, pad_token_id=PAD
+    ).data
+    assert packed.batch["responses"].tolist() == [[21, 22, 31, 0]]
+    assert packed.batch["response_mask"].tolist() == [[1, 1, 0, 0]]
+    assert packed.batch["rm_scores"].tolist() == [[0, -1.0, 0, 0]]
+
+
+def test_failed_episode_carries_its_prompt_and_one_attended_pad_and_trains_on_nothing():
+    ok = episode_from_result(synthetic_result([([11, 12], [21], [-0.5])], reward=1.0))
+    failed = EpisodeFailure(FailureCause.SERVER_ERROR, "HTTP 503 from the environment", row=1)
+    no_prompt = EpisodeFailure(FailureCause.CONTIGUITY_BROKEN, "call 2 differs", row=2)
+    long_prompt = EpisodeFailure(FailureCause.PROMPT_TOO_LONG, "too long", row=3)
+    packed = pack_batch(
+        [ok, failed, no_prompt, long_prompt],
+        prompt_length=3,
+        response_length=2,
+        pad_token_id=9,
+        fallback_prompt_ids=[None, [7, 8], None, [1, 2, 3, 4, 5]],
+    )
+    assert packed_tensors(packed.data) == {
+        "prompts": [[9, 11, 12], [9, 7, 8], [9, 9, 9], [3, 4, 5]],
+        "responses": [[21, 9], [9, 9], [9, 9], [9, 9]],
+        "response_mask": [[1, 0], [0, 0], [0, 0], [0, 0]],
+        "input_ids": [[9, 11, 12, 21, 9], [9, 7, 8, 9, 9], [9, 9, 9, 9, 9], [3, 4, 5, 9, 9]],
+        "attention_mask": [[0, 1, 1, 1, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 0], [1, 1, 1, 1, 0]],
+        "position_ids": [[0, 0, 1, 2, 2], [0, 0, 1, 2, 2], [0, 0, 0, 1, 1], [0, 1, 2, 3, 3]],
+        "rollout_log_probs": [[-0.5, 0], [0, 0], [0, 0], [0, 0]],
+        "rm_scores": [[1.0, 0], [0, 0], [0, 0], [0, 0]],
+    }
+    assert packed.stats.failure_cause.tolist() == ["", "server_error", "contiguity_broken", "prompt_too_long"]
+    assert packed.stats.failed.tolist() == [False, True, True, True]
+    assert packed.data.non_tensor_batch["__num_turns__"].tolist() == [2, 0, 0, 0]
+    metrics = packed.stats.metrics()
+    assert (metrics["nemo_gym/failed"], metrics["nemo_gym/failed/server_error"]) == (3.0, 1.0)
+    assert metrics["nemo_gym/reward/mean"] == 1.0  # means are over packed episodes only
+
+
+def test_episode_with_prompt_over_the_prompt_length_is_packed_as_a_failure():
+    episode = episode_from_result(synthetic_result([([11, 12, 13], [21], [-0.5])]))
+    packed = pack_batch([episode], prompt_length=2, response_length=2, pad_token_id=PAD)
+    assert packed.stats.failure_cause.tolist() == ["prompt_too_long"]
+    assert packed.data.batch["response_mask"].tolist() == [[0, 0]]
+    assert packed.data.batch["rm_scores"].tolist() == [[0, 0]]
+
+
+def test_rows_keep_the_order_of_outcomes_after_completion_order_is_undone():
+    outcomes = {
+        row: episode_from_result(synthetic_result([([100 + row], [200 + row], [-0.5])], reward=float(row)))
+        for row in range(4)
+    }
+    outcomes[2] = EpisodeFailure(FailureCause.SERVER_ERROR, "dead", row=2)
+    completion_order = [(3, outcomes[3]), (0, outcomes[0]), (2, outcomes[2]), (1, outcomes[1])]
+    ordered = order_outcomes(completion_order, 4)
+    packed = pack_batch(ordered, prompt_length=1, response_length=1, pad_token_id=PAD).data
+    assert packed.batch["prompts"].tolist() == [[100], [101], [0], [103]]
+    assert packed.batch["responses"].tolist() == [[200], [201], [0], [203]]
+    assert packed.batch["rm_scores"].tolist() == [[0.0], [1.0], [0.0], [3.0]]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        ([(0, "a"), (0, "b")], "two outcomes for row 0"),
+        ([(0, "a")], "1 of 2 rows have no outcome"),
+        ([(0, "a"), (2, "b")], "row 2 is outside the batch of 2"),
+    ],
+)
+def test_order_outcomes_refuses_a_batch_that_did_not_come_back_whole(pairs, message):
+    with pytest.raises(ValueError, match=message):
+        order_outcomes(pairs, 2)
+
+
+def test_data_source_comes_from_the_input_rows_or_the_results_agent_names():
+    episodes = [
+        episode_from_result(synthetic_result([CALL_1], agent_name="math_with_judge")),
+        episode_from_result(synthetic_result([CALL_1], agent_name="workplace_assistant")),
+    ]
+    failure = EpisodeFailure(FailureCause.SERVER_ERROR, "dead")
+    from_results = pack_batch(episodes, prompt_length=2, response_length=2, pad_token_id=PAD)
+    assert from_results.data.non_tensor_batch["data_source"].tolist() == ["math_with_judge", "workplace_assistant"]
+    from_rows = pack_batch(
+        [*episodes, failure],
+        prompt_length=2,
+        response_length=2,
+        pad_token_id=PAD,
+        data_sources=["math_with_judge", "workplace_assistant", "blackjack"],
+    )
+    assert from_rows.data.non_tensor_batch["data_source"].tolist() == [
+        "math_with_judge",
+        "workplace_assistant",
+        "blackjack",
+    ]
+    assert from_rows.stats.data_source.tolist() == ["math_with_judge", "workplace_assistant", "blackjack"]
+    # A failure with no input data_source leaves the key out rather than inventing a name.
+    unknown = pack_batch([episodes[0], failure], prompt_length=2, response_length=2, pad_token_id=PAD)
+    assert "data_source" not in unknown.data.non_tensor_batch
+
+
+def test_a_result_from_another_agent_than_its_input_row_is_a_row_mixup():
+    episode = episode_from_result(synthetic_result([CALL_1], agent_name="math_with_judge"))
+    with pytest.raises(ValueError, match="row 0: the result comes from agent 'math_with_judge'.*'blackjack'"):
+        pack_batch([episode], prompt_length=2, response_length=2, pad_token_id=PAD, data_sources=["blackjack"])
+
+
+def test_pack_batch_rejects_bad_arguments():
+    episode = episode_from_result(synthetic_result([CALL_1]))
+    with pytest.raises(ValueError, match="empty batch"):
+        pack_batch([], prompt_length=2, response_length=2, pad_token_id=PAD)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        pack_batch([episode], prompt_length=2, response_length=0, pad_token_id=PAD)
+    with pytest.raises(ValueError, match="fallback_prompt_ids has 2 entries for 1 outcomes"):
+        pack_batch([episode], prompt_length=2, response_length=2, pad_token_id=PAD, fallback_prompt_ids=[[1], [2]])
+    with pytest.raises(TypeError, match="row 0: expected Episode or EpisodeFailure, got dict"):
+        pack_batch([{"reward": 1}], prompt_length=2, response_length=2, pad_token_id=PAD)
+
+
+# --------------------------------------------------------------------------------------------------------
+# data faults
+# --------------------------------------------------------------------------------------------------------
+
+
+def broken(cause_edit):
+    result = synthetic_result(MULTI, reward=1.0)
+    cause_edit(result)
+    return result
+
+
+def calls_of(result):
+    return [item for item in result["response"]["output"] if "prompt_token_ids" in item]
+
+
+def set_call(index, key, value):
+    return lambda result: calls_of(result)[index].__setitem__(key, value)
+
+
+DATA_FAULTS = [
+    # contiguity
+    ("retokenised_history", set_call(1, "prompt_token_ids", [11, 12, 21, 99, 31, 32, 33]), "contiguity_broken",
+     "model call 2's prompt_token_ids do not extend call 1's prompt \\+ generation: differs at token 3: 99 where"),
+    ("history_truncated", set_call(2, "prompt_token_ids", [11, 12, 21]), "contiguity_broken",
+     "model call 3's .* is 3 tokens, shorter than the 8-token prefix"),
+    ("first_prompt_changed", set_call(2, "prompt_token_ids", [10, 12, 21, 22, 31, 32, 33, 41, 51]),
+     "contiguity_broken", "call 3's .* differs at token 0"),
+    # missing or malformed generation data
+    ("no_token_fields", lambda r: [c.pop(k) for c in calls_of(r) for k in ("prompt_token_ids", "generation_token_ids",
+     "generation_log_probs")], "missing_generation", "return_token_id_information"),
+    ("log_probs_missing", lambda r: calls_of(r)[1].pop("generation_log_probs"), "missing_generation",
+     "model call 2 .*generation_log_probs is NoneType, not a list"),
+    ("generation_null", set_call(0, "generation_token_ids", None), "missing_generation",
+     "generation_token_ids is NoneType"),
+    ("length_mismatch", set_call(2, "generation_log_probs", [-0.1]), "missing_generation",
+     "model call 3 has 2 generation_token_ids but 1 generation_log_probs"),
+    ("no_response", lambda r: r.pop("response"), "missing_generation", "response.output"),
+    ("string_token_ids", set_call(2, "generation_token_ids", ["token_id:61", "token_id:62"]), "missing_generation",
+     "token ids are not all 64-bit integers"),
+    ("negative_token_id", set_call(2, "generation_token_ids", [61, -1]), "missing_generation", "negative token id -1"),
+    ("string_log_prob", set_call(0, "generation_log_probs", [-0.5, "x"]), "missing_generation",
+     "model call 1: generation_log_probs not numeric"),
+    ("empty_first_prompt", lambda r: r.__setitem__("response", synthetic_result([([], [1], [-1.0])])["response"]),
+     "missing_generation", "model call 1 has empty prompt_token_ids"),
+    ("nothing_generated", lambda r: r.__setitem__("response", synthetic_result([([1], [], [])])["response"]),
+     "missing_generation", "generated no tokens"),
+    # non-finite log-probs
+    ("nan_log_prob", set_call(1, "generation_log_probs", [math.nan]), "non_finite_logprob",
+     "model call 2: generation log-prob nan at response token 5"),
+    ("minus_inf_log_prob", set_call(2, "generation_log_probs", [-0.1, -math.inf]), "non_finite_logprob",
+     "model call 3: generation log-prob -inf at response token 8"),
+    ("float32_overflow_log_prob", set_call(0, "generation_log_probs", [-1e39, -0.1]), "non_finite_logprob",
+     "-1e\\+39 at response token 0 is not finite in float32"),
+    # reward
+    ("reward_missing", lambda r: r.pop("reward"), "bad_reward", "result has no 'reward'"),
+    ("reward_null", lambda r: r.__setitem__("reward", None), "bad_reward", "reward None \\(NoneType\\) is not a"),
+    ("reward_string", lambda r: r.__setitem__("reward", "1.0"), "bad_reward", "reward '1.0' \\(str\\)"),
+    ("reward_bool", lambda r: r.__setitem__("reward", True), "bad_reward", "reward True \\(bool\\)"),
+    ("reward_nan", lambda r: r.__setitem__("reward", math.nan), "bad_reward", "reward nan is not finite"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "cause", "message"), [f[1:] for f in DATA_FAULTS], ids=[f[0] for f in DATA_FAULTS])
+def test_each_data_fault_raises_episode_data_error_with_its_cause(edit, cause, message):
+    with pytest.raises(EpisodeDataError, match=message) as raised:
+        episode_from_result(broken(edit))
+    assert raised.value.cause is FailureCause(cause)
+
+
+def test_prompt_longer_than_the_prompt_length_raises_prompt_too_long():
+    result = synthetic_result(MULTI)
+    assert episode_from_result(result, max_prompt_length=2).prompt_length == 2
+    with pytest.raises(EpisodeDataError, match="first prompt is 2 tokens, over the prompt length 1") as raised:
+        episode_from_result(result, max_prompt_length=1)
+    assert raised.value.cause is FailureCause.PROMPT_TOO_LONG
+
+
+def test_result_that_is_not_a_dict_raises_missing_generation():
+    with pytest.raises(EpisodeDataError, match="result is list, not a dict") as raised:
+        episode_from_result([])
+    assert raised.value.cause is FailureCause.MISSING_GENERATION
+
+
+def test_episode_is_frozen():
+    episode = episode_from_result(synthetic_result([CALL_1]))
+    assert isinstance(episode, Episode)
+    with pytest.raises(AttributeError):
+        episode.reward = 2.0
+
+
+# --------------------------------------------------------------------------------------------------------
+# verl's own advantage and loss on a packed batch
+# --------------------------------------------------------------------------------------------------------
+
+
+def grpo_batch():
+    def ep(reward, generated):
+        return episode_from_result(
+            synthetic_result(
+                [([11, 12], generated[:2], [-0.5, -1.5]), ([11, 12, *generated[:2], 31], generated[2:], [-0.25] * 2)],
+                reward=reward,
+            )
+        )
+
+    outcomes = [
+        ep(1.0, [21, 22, 23, 24]),
+        ep(0.0, [25, 26, 27, 28]),
+        EpisodeFailure(FailureCause.SERVER_ERROR, "dead"),
+        ep(0.5, [21, 22, 23, 24]),
+        ep(0.25, [25, 26, 27, 28]),
+        EpisodeFailure(FailureCause.NON_FINITE_LOGPROB, "nan"),
+    ]
+    uids = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
+    packed = pack_batch(
+        outcomes, prompt_length=3, response_length=6, pad_token_id=PAD, fallback_prompt_ids=[[11, 12]] * 6
+    ).data
+    return packed, uids
+
+
+def test_grpo_advantages_are_finite_and_zero_on_failed_rows():
+    packed, uids = grpo_batch()
+    advantages, returns = compute_grpo_outcome_advantage(
+        token_level_rewards=packed.batch["rm_scores"], response_mask=packed.batch["response_mask"], index=uids
+    )
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    assert advantages[2].abs().sum() == 0 and advantages[5].abs().sum() == 0
+    # Packed rows get their group-normalised score on every generated token and nothing elsewhere.
+    mask = packed.batch["response_mask"].bool()
+    assert (advantages[~mask] == 0).all()
+    scores_a = torch.tensor([1.0, 0.0, 0.0])
+    expected_row0 = ((1.0 - scores_a.mean()) / (scores_a.std() + 1e-6)).item()
+    assert advantages[0][mask[0]].tolist() == pytest.approx([expected_row0] * 4)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_policy_loss_is_finite_and_failed_rows_get_no_gradient(loss_agg_mode):
+    packed, uids = grpo_batch()
+    response_mask = packed.batch["response_mask"]
+    advantages, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=packed.batch["rm_scores"], response_mask=response_mask, index=uids
+    )
+    config = FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=6, rollout_n=3)
+    policy_loss = get_policy_loss_fn(config.policy_loss.get("loss_mode", "vanilla"))
+    old_log_prob = packed.batch["rollout_log_probs"]
+    torch.manual_seed(0)
+    log_prob = (old_log_prob + 0.1 * torch.randn_like(old_log_prob)).requires_grad_(True)
+    loss, metrics = policy_loss(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+    )
+    loss.backward()
+    assert torch.isfinite(loss) and all(math.isfinite(v) for v in metrics.values())
+    assert log_prob.grad[2].abs().sum() == 0 and log_prob.grad[5].abs().sum() == 0
+    assert log_prob.grad[[0, 1, 3, 4]].abs().sum() > 0
+    # Whatever the model says about a failed row's tokens, the loss does not change.
+    with torch.no_grad():
+        moved = log_prob.detach().clone()
+        moved[[2, 5]] = -30.0
+        moved_loss, _ = policy_loss(
+            old_log_prob=old_log_prob,
+            log_prob=moved,
+            advantages=advantages,
+            response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=config,
+        )
+    assert moved_loss.item() == pytest.approx(loss.item())
+    # The entropy / KL style aggregations verl also runs over the response stay finite.
+    assert torch.isfinite(agg_loss(-log_prob.detach(), response_mask, loss_agg_mode))
+
+
+def test_packed_batch_unions_with_the_trainers_batch_and_survives_verl_batch_ops():
+    packed, _ = grpo_batch()
+    trainer_batch = DataProto.from_single_dict(
+        {"dummy_tensor": torch.zeros(6, 1, dtype=torch.uint8), "uid": np.array(list("aaabbb"), dtype=object)}
+    )
+    merged = trainer_batch.union(packed)
+    assert set(merged.batch.keys()) >= {"prompts", "responses", "rm_scores", "dummy_tensor"}
+    halves = merged.chunk(2)
+    assert DataProto.concat(halves).batch["input_ids"].tolist() == packed.batch["input_ids"].tolist()

