@@ -192,7 +192,9 @@ ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experime
     NG_OVERRIDES=(
         trainer.use_v1=false
         algorithm.adv_estimator=grpo
-        "data.custom_cls.path=$(ng_q "$REPO_DIR/recipe/nemo_gym/dataset.py")"
+        # By module name, not file path: verl's file loader names the module custom_module_<hash>, which a
+        # DataLoader worker started with spawn cannot import to unpickle the dataset.
+        data.custom_cls.path=pkg://recipe.nemo_gym.dataset
         "data.custom_cls.name=$NG_DATASET_CLASS"
         "data.train_files=$(ng_hydra_list "${!train_var}")"
         "data.val_files=$(ng_hydra_list "${!val_var}")"

@@ -18,19 +18,11 @@ import statistics
 import time
 
 from recipe.nemo_gym import server_patch
+from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
+from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 
-EOS = 151645
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+TOOLS = [WEATHER_TOOL]
 
 
 def build_history(render, turns: int) -> list[dict]:

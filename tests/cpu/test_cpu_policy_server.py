@@ -20,6 +20,7 @@ import torch
 from transformers import AutoTokenizer
 
 from recipe.nemo_gym.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.script import (
     ScriptCompletion,
     ScriptedPolicy,
@@ -36,20 +37,11 @@ from recipe.nemo_gym.cpu_policy.script import (
 from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError, group_members
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 
-IM_END, ENDOFTEXT = 151645, 151643
 SERVED_NAME = "policy-under-test"
 TOOL_CALL_TEXT = (
     "<think>\nI need the weather.\n</think>\n\n"
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 )
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 NEMO_GYM_LOGPROBS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True}
 # With vLLM's qwen3 reasoning parser, output with no </think> is all reasoning unless thinking is off.
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}

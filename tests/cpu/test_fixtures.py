@@ -9,19 +9,17 @@ import torch
 from transformers import AutoTokenizer
 
 from recipe.nemo_gym.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from recipe.nemo_gym.cpu_policy.qwen3 import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    THINK,
+    THINK_END,
+    TOOL_CALL,
+    TOOL_CALL_END,
+    WEATHER_TOOL,
+)
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
-
-IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
-TOOL_CALL, TOOL_CALL_END, THINK, THINK_END = 151657, 151658, 151667, 151668
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -13,22 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
+from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 
-EOS = 151645
-ENDOFTEXT = 151643
 SERVED_NAME = "policy"
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        "strict": True,
-    }
-]
+TOOLS = [WEATHER_TOOL]
 
 
 def _rule(turn: int, text: str, end: str = "eos") -> ScriptRule:

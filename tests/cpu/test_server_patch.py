@@ -19,23 +19,12 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym import server_patch
+from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
+from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym.splice import SpliceError
 
-EOS = 151645  # <|im_end|>
-ENDOFTEXT = 151643
-TOOL_CALL = 151657  # <tool_call>
-THINK = 151667  # <think>
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+TOOLS = [WEATHER_TOOL]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -121,7 +121,7 @@ def test_dry_run_overrides_compose_and_validate_in_verl(tmp_path, verl_checks, e
     assert rollout.name == "vllm" and rollout.mode == "async" and rollout.multi_turn.enable is True
     assert rollout.agent.agent_loop_manager_class == MANAGER
     assert rollout.agent.agent_loop_config_path == str(REPO / "recipe" / "nemo_gym" / "configs" / f"{env_name}.yaml")
-    assert cfg.data.custom_cls.path == str(REPO / "recipe" / "nemo_gym" / "dataset.py")
+    assert cfg.data.custom_cls.path == "pkg://recipe.nemo_gym.dataset"
     assert cfg.data.custom_cls.name == "NeMoGymJSONLDataset"
     assert cfg.actor_rollout_ref.model.path == str(tmp_path / "models" / "Qwen3 4B")  # the space survives
     assert cfg.trainer.default_local_dir == str(tmp_path / "ckpt")
@@ -210,7 +210,8 @@ def test_misspelled_keys_fail_hydra_or_dataclass_conversion(verl_checks):
 def test_override_targets_exist_in_the_repository(tmp_path):
     overrides = dry_run_overrides(SCRIPTS["multienv"], write_config(tmp_path))
     values = dict(item.lstrip("+").split("=", 1) for item in overrides)
-    assert Path(values["data.custom_cls.path"].strip("'")).is_file()
+    module = values["data.custom_cls.path"].removeprefix("pkg://").replace(".", "/")
+    assert (REPO / f"{module}.py").is_file()
     assert Path(values["actor_rollout_ref.rollout.agent.agent_loop_config_path"].strip("'")).is_file()
     for dotted in (values["actor_rollout_ref.rollout.agent.agent_loop_manager_class"].rsplit(".", 1)[0], PLUGIN_MODULE):
         assert (REPO / (dotted.replace(".", "/") + ".py")).is_file(), dotted

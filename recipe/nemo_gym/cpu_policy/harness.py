@@ -71,6 +71,8 @@ def cpu_trainer_overrides(
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
         f"data.train_batch_size={batch_size}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={response_length}",
         "data.custom_cls.path=pkg://recipe.nemo_gym.dataset",
