@@ -87,6 +87,10 @@ class Timeouts(_Strict):
     health_check_interval_s: float = Field(default=10.0, gt=0)
     """How often the servers are checked while a batch waits."""
     shutdown_grace_s: float = Field(default=10.0, gt=0)
+    policy_health_timeout_s: float = Field(default=10.0, gt=0)
+    """A policy server's `GET /health` must answer within this while a batch waits."""
+    policy_health_failures: int = Field(default=3, ge=1)
+    """This many unanswered policy health checks in a row abort the batch, naming the server."""
 
 
 class Failures(_Strict):

@@ -15,8 +15,13 @@ Contract:
   on SIGTERM of this process (chained to any SIGTERM handler already installed).
 - `collect(examples, deadline_s)` (awaitable from any event loop) / `collect_sync(...)` post each row to its
   agent's `/run` and return results in input order. A row whose `/run` fails with an HTTP error becomes an
-  `EpisodeFailure(SERVER_ERROR)` for that row. A server that dies mid-batch, or a batch that outlives its
-  deadline, raises `RolloutAborted` (every pending request is cancelled first).
+  `EpisodeFailure` for that row (`server_error_cause`: a splice refusal is CONTIGUITY_BROKEN, a NaN the policy
+  server could not send is NON_FINITE_LOGPROB, anything else SERVER_ERROR); a row whose first model call the
+  policy server refused as over the model's context becomes PROMPT_TOO_LONG (`context_overflow_failure`).
+  A NeMo Gym server that dies mid-batch, a policy server that stops answering HTTP (`spec.policy_health_failures`
+  consecutive `GET <root>/health` probes without an answer within `spec.policy_health_timeout_s`; any HTTP
+  status counts as an answer), or a batch that outlives its deadline raises `RolloutAborted` naming the server
+  or the pending count (every pending request is cancelled first).
 
 Why rows are posted one by one instead of through `RolloutCollectionHelper.run_examples`: in 0.4.0 that method
 yields awaitables in completion order, and an example that fails raises from its awaitable without its row, so
@@ -26,7 +31,10 @@ public `RolloutCollectionHelper.setup_server_client`) and keeps each row's index
 
 NeMo Gym 0.4.0 behaviours this module is built around (read in its source):
 - Nothing times out: `ServerClient.post` retries connection errors every 0.5 s forever, so a dead agent or
-  policy server makes `/run` hang. Hence the batch deadline and the health checks while a batch waits.
+  policy server makes `/run` hang. Hence the batch deadline and the health checks while a batch waits. The
+  policy servers are not NeMo Gym processes (verl runs them), so they are probed over HTTP, not by process.
+  After an abort, NeMo Gym's model server may go on retrying a dead policy server for requests nobody waits
+  for any more; those loops end with the NeMo Gym servers (`shutdown()`).
 - HTTP errors are not retried at the `/run` level; the model server retries 500/502/503/504/429/520 from the
   policy 3 times (0.5 s apart) before it fails the agent's request with a 500.
 - `RunHelper.start` waits for servers with no deadline, and cleans nothing up if it raises; `shutdown()` only
@@ -49,8 +57,10 @@ import builtins
 import contextlib
 import http.client
 import importlib.util
+import inspect
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -112,6 +122,10 @@ class GymServerDied(GymRuntimeError):
         self.servers = tuple(servers)
 
 
+class PolicyServerUnreachable(GymServerDied):
+    """Policy (vLLM) servers that stopped answering HTTP. `servers` holds their base URLs."""
+
+
 class GymStartTimeout(GymRuntimeError, TimeoutError):
     """Servers did not all answer HTTP before the start-up deadline. `servers` names those that did not."""
 
@@ -133,6 +147,8 @@ class GymServersSpec:
     {"uses_reasoning_parser": False}}}}`. `ray_head_node_address=None` uses the Ray this process is connected
     to. `cache_dir` holds the venv links and uv's cache (default `$NEMO_GYM_VERL_CACHE`, else
     `~/.cache/verl-nemo-gym`). `log_dir` becomes NeMo Gym's `nemo_gym_log_dir` (one log file per server).
+    While a batch waits, each policy server's `GET <root>/health` is probed with `policy_health_timeout_s`;
+    `policy_health_failures` consecutive probes without any HTTP answer abort the batch (see `PolicyWatch`).
     """
 
     config_paths: tuple[str, ...]
@@ -150,6 +166,8 @@ class GymServersSpec:
     startup_timeout_s: float = 300.0
     shutdown_grace_s: float = 5.0
     load_env_yaml: bool = False
+    policy_health_timeout_s: float = 10.0
+    policy_health_failures: int = 3
 
     def __post_init__(self) -> None:
         for name in ("config_paths", "policy_base_urls"):
@@ -168,9 +186,15 @@ class GymServersSpec:
             raise GymConfigError("GymServersSpec.policy_model_name is empty")
         if not 0 < int(self.head_server_port) < 65536:
             raise GymConfigError(f"GymServersSpec.head_server_port {self.head_server_port} is not a TCP port")
-        for name in ("startup_timeout_s", "shutdown_grace_s"):
+        for name in ("startup_timeout_s", "shutdown_grace_s", "policy_health_timeout_s"):
             if not getattr(self, name) > 0:
                 raise GymConfigError(f"GymServersSpec.{name} must be positive, got {getattr(self, name)}")
+        if isinstance(self.policy_health_failures, bool) or not (
+            isinstance(self.policy_health_failures, int) and self.policy_health_failures >= 1
+        ):
+            raise GymConfigError(
+                f"GymServersSpec.policy_health_failures must be an integer >= 1, got {self.policy_health_failures!r}"
+            )
         clashes = sorted(SPEC_OWNED_KEYS & set(self.overrides))
         if clashes:
             raise GymConfigError(f"GymServersSpec.overrides sets {clashes}, which the spec's own fields set")
@@ -217,6 +241,8 @@ class GymServersSpec:
             log_dir=section.log_dir,
             startup_timeout_s=plugin_config.timeouts.startup_s,
             shutdown_grace_s=plugin_config.timeouts.shutdown_grace_s,
+            policy_health_timeout_s=plugin_config.timeouts.policy_health_timeout_s,
+            policy_health_failures=plugin_config.timeouts.policy_health_failures,
         )
 
     @property
@@ -380,14 +406,96 @@ def validate_examples(examples: Sequence[Mapping[str, Any]], agent_names: Collec
     return agents
 
 
+# Refusals of the token-exact splice (`recipe.nemo_gym.splice.SpliceError`), as they appear in an agent's error
+# body: vLLM answers them with HTTP 400 and the message, NeMo Gym's model server and agent each wrap the inner
+# body in `repr` (quotes escaped, once per hop), so only text without quotes or backslashes is matched. Tied to
+# the wording of splice.py's rules ("rule 2 (unedited history) failed: ...", "rule 'one message per generation'
+# failed: ...").
+_SPLICE_REFUSAL = re.compile(
+    r"rule \d+ \([^()'\"\\]{1,80}\) failed|one message per generation[\\'\"]* failed|token-exact splice refused"
+)
+# vLLM's OpenAI server cannot encode a response holding NaN (in 0.24: a NaN log-prob, the only float a chat
+# completion returns per token; -inf is clamped to -9999.0) and answers with the JSON encoder's message (HTTP 400).
+_NON_FINITE_FLOAT = re.compile(r"Out of range float values are not JSON compliant")
+
+
+def server_error_cause(body: str) -> FailureCause:
+    """The failure cause an agent's `/run` error body stands for (pure; see `server_error_failure`).
+
+    - the policy server refused an edited history (a splice rule failed): CONTIGUITY_BROKEN, a data fault that
+      no retry fixes;
+    - the policy server could not serialise a non-finite float (a NaN log-prob): NON_FINITE_LOGPROB;
+    - anything else: SERVER_ERROR.
+    """
+    if _SPLICE_REFUSAL.search(body):
+        return FailureCause.CONTIGUITY_BROKEN
+    if _NON_FINITE_FLOAT.search(body):
+        return FailureCause.NON_FINITE_LOGPROB
+    return FailureCause.SERVER_ERROR
+
+
+def _readable_excerpt(body: str, start: int, limit: int = 300) -> str:
+    """The JSON string value that starts at `start` in `body`, unescaped from NeMo Gym's nested `repr`s, cut at
+    `limit`. The message of vLLM's error JSON holds no double quote of its own, so the first one ends it."""
+    text = re.sub(r"\\+", "", body[start:]).split('"', 1)[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def server_error_failure(row: int, agent: str, status: int | None, body: bytes | str | None) -> EpisodeFailure:
+    """The `EpisodeFailure` for a row whose `/run` failed; the cause is read from the whole body first."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", errors="replace")
     body = (body or "").strip()
+    cause = server_error_cause(body)
+    status_text = f"HTTP {status}" if status is not None else "an error"
+    where = f"agent {agent!r} /run returned {status_text}"
+    if cause is FailureCause.CONTIGUITY_BROKEN:
+        found = _SPLICE_REFUSAL.search(body)
+        assert found is not None
+        if found.group(0).startswith("token-exact"):  # SpliceError's prefix: the refusal's own words follow it
+            start = found.end()
+        elif found.group(0).startswith("rule"):
+            start = found.start()
+        else:
+            start = max(0, body.rfind("rule", 0, found.start()))
+        detail = f"{where}: the policy server refused the chat history (token-exact splice): "
+        return EpisodeFailure(cause, detail + _readable_excerpt(body, start).lstrip(": "), row=row)
+    if cause is FailureCause.NON_FINITE_LOGPROB:
+        found = _NON_FINITE_FLOAT.search(body)
+        assert found is not None
+        detail = f"{where}: the policy server could not send a non-finite log-prob: "
+        return EpisodeFailure(cause, detail + _readable_excerpt(body, found.start()), row=row)
     if len(body) > 500:
         body = body[:500] + "..."
-    status_text = f"HTTP {status}" if status is not None else "an error"
-    return EpisodeFailure(FailureCause.SERVER_ERROR, f"agent {agent!r} /run returned {status_text}: {body}", row=row)
+    return EpisodeFailure(cause, f"{where}: {body}", row=row)
+
+
+def context_overflow_failure(row: int, result: Mapping[str, Any]) -> EpisodeFailure | None:
+    """PROMPT_TOO_LONG for a result whose first model call was refused as longer than the model's context.
+
+    NeMo Gym 0.4.0's `vllm_model` server turns vLLM's HTTP 400 for a prompt over the context ("maximum context
+    length", or "max_tokens" too large for what is left of it) into an empty chat completion that finished on
+    "length", so the episode comes back looking like a generation cut at zero tokens: `incomplete_details`
+    `{"reason": "max_output_tokens"}` and no output item carrying generation token IDs. Any model call that did
+    generate makes it an ordinary (cut) episode, and None is returned.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping):
+        return None
+    details = response.get("incomplete_details")
+    if not isinstance(details, Mapping) or details.get("reason") != "max_output_tokens":
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    if any(isinstance(item, Mapping) and item.get("generation_token_ids") is not None for item in output):
+        return None
+    return EpisodeFailure(
+        FailureCause.PROMPT_TOO_LONG,
+        "the policy server refused the first model call as longer than the model's context (NeMo Gym's model "
+        "server answered it as an empty turn cut on length); shorten the prompt or raise the context length",
+        row=row,
+    )
 
 
 def write_interpreter_shim(venv_dir: Path, python: str) -> Path:
@@ -488,6 +596,109 @@ def log_tail(log_dir: Path | None, server: str, lines: int = 20) -> str:
         return ""
     tail = "\n".join(text.splitlines()[-lines:])
     return f"\n--- last lines of {path} ---\n{tail}" if tail else ""
+
+
+# ------------------------------------------------------------------------------------------ policy health
+
+
+def policy_health_url(base_url: str) -> str:
+    """vLLM's health endpoint for a policy server's OpenAI base URL: `<root>/health`, `<root>` without `/v1`."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return f"{root}/health"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One health probe of one policy server. `alive` means it answered HTTP at all (any status)."""
+
+    base_url: str
+    alive: bool
+    detail: str
+
+
+async def probe_policy_server(base_url: str, timeout_s: float) -> ProbeResult:
+    """`GET <root>/health` once, bounded by `timeout_s`. Never raises for a network fault; reports it.
+
+    Any HTTP answer counts as alive: what makes NeMo Gym hang is a server that does not answer at all (its model
+    server retries connection errors forever), while an answering server's errors reach the rows as HTTP errors.
+    """
+    import aiohttp
+
+    url = policy_health_url(base_url)
+    # A session of its own (not NeMo Gym's global one, whose connection pool the rollouts may be filling).
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url) as response:
+                return ProbeResult(base_url, True, f"HTTP {response.status}")
+    except TimeoutError:
+        return ProbeResult(base_url, False, f"no answer within {timeout_s:g}s")
+    except aiohttp.ClientConnectorError as e:
+        errno = getattr(e.os_error, "errno", None)
+        reason = os.strerror(errno) if errno else str(e)
+        return ProbeResult(base_url, False, f"cannot connect ({reason})")
+    except aiohttp.ServerDisconnectedError:
+        return ProbeResult(base_url, False, "connection closed without an answer")
+    except (aiohttp.ClientError, OSError) as e:
+        return ProbeResult(base_url, False, f"{type(e).__name__}: {e}")
+    finally:
+        await session.close()
+
+
+class PolicyWatch:
+    """Counts consecutive failed health probes per policy server, for one batch.
+
+    `record(results, now)` (pure bookkeeping) resets a server's count on any answer and raises
+    `PolicyServerUnreachable` once some server has failed `max_failures` probes in a row, naming each such server,
+    its health URL, how long it has been failing and the last reason. `check()` probes every server concurrently
+    (each bounded by `timeout_s`) and records the results. A slow server that still answers within `timeout_s`
+    never counts; one probe lost to a hiccup is forgiven by the next answer.
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        timeout_s: float,
+        max_failures: int,
+        probe: Callable[[str, float], Any] = probe_policy_server,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1, got {max_failures}")
+        self.base_urls = tuple(base_urls)
+        self.timeout_s = timeout_s
+        self.max_failures = max_failures
+        self._probe = probe
+        self._clock = clock
+        self.failures: dict[str, int] = dict.fromkeys(self.base_urls, 0)
+        self._failing_since: dict[str, float] = {}
+        self.probes = 0
+
+    def record(self, results: Sequence[ProbeResult], now: float) -> None:
+        self.probes += 1
+        dead = []
+        for result in results:
+            if result.alive:
+                self.failures[result.base_url] = 0
+                self._failing_since.pop(result.base_url, None)
+                continue
+            self.failures[result.base_url] = self.failures.get(result.base_url, 0) + 1
+            since = self._failing_since.setdefault(result.base_url, now)
+            if self.failures[result.base_url] >= self.max_failures:
+                dead.append((result, now - since))
+        if dead:
+            lines = [
+                f"policy server {r.base_url} did not answer GET {policy_health_url(r.base_url)} "
+                f"{self.failures[r.base_url]} times in a row over {elapsed:.1f}s (last: {r.detail})"
+                for r, elapsed in dead
+            ]
+            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r, _ in dead])
+
+    async def check(self) -> None:
+        results = await asyncio.gather(*(self._probe(url, self.timeout_s) for url in self.base_urls))
+        self.record(results, self._clock())
 
 
 # ------------------------------------------------------------------------------ NeMo Gym import, contained
@@ -875,8 +1086,14 @@ class GymRuntime:
             # One blocking GET of the head server's config, once per runtime (0.4.0's `run_examples` does it per call).
             self._server_client = ng.RolloutCollectionHelper().setup_server_client(head)
 
-        def health() -> None:
+        watch = PolicyWatch(
+            self.spec.policy_base_urls, self.spec.policy_health_timeout_s, self.spec.policy_health_failures
+        )
+
+        async def health() -> None:
             self.check_health()
+            # NeMo Gym's model server retries a policy server that does not answer forever: watch those too.
+            await watch.check()
 
         return await run_examples_in_order(
             examples,
@@ -962,7 +1179,7 @@ async def run_examples_in_order(
     examples: Sequence[Mapping[str, Any]],
     post_run: Callable[[int, Mapping[str, Any]], Any],
     deadline_s: float,
-    health_check: Callable[[], None] | None = None,
+    health_check: Callable[[], Any] | None = None,
     health_check_interval_s: float = 2.0,
     max_concurrency: int | None = None,
 ) -> list[dict[str, Any] | EpisodeFailure]:
@@ -971,9 +1188,10 @@ async def run_examples_in_order(
     Each row's outcome is tied to its index by the task that ran it, not by a field of the result: in 0.4.0
     no field a caller adds to a row survives into `simple_agent`'s result (its verify response drops them).
 
-    `post_run` returns the row's result dict or an `EpisodeFailure`. `health_check` runs before the first
-    request and every `health_check_interval_s` while rows are pending; if it raises, or `deadline_s` passes, every
-    pending request is cancelled and `RolloutAborted` is raised.
+    `post_run` returns the row's result dict or an `EpisodeFailure`. `health_check` (a function, or a coroutine
+    function) runs before the first request and every `health_check_interval_s` while rows are pending; if it
+    raises `GymServerDied`, or `deadline_s` passes, every pending request is cancelled and `RolloutAborted` is
+    raised.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be positive, got {deadline_s}")
@@ -989,9 +1207,9 @@ async def run_examples_in_order(
         async with semaphore:
             return await post_run(i, examples[i])
 
-    if health_check is not None:
-        _health_or_abort(health_check, pending=n, total=n)
     loop = asyncio.get_running_loop()
+    if health_check is not None:
+        await _health_or_abort(health_check, pending=n, total=n)
     deadline = loop.time() + deadline_s
     tasks = {asyncio.create_task(one(i), name=f"nemo-gym-row-{i}"): i for i in range(n)}
     pending = set(tasks)
@@ -1011,7 +1229,7 @@ async def run_examples_in_order(
             for task in done:
                 outcomes[tasks[task]] = task.result()
             if pending and health_check is not None:
-                _health_or_abort(health_check, pending=len(pending), total=n)
+                await _health_or_abort(health_check, pending=len(pending), total=n)
     finally:
         for task in pending:
             task.cancel()
@@ -1020,9 +1238,16 @@ async def run_examples_in_order(
     return outcomes  # type: ignore[return-value]  # every slot is filled once no task is pending
 
 
-def _health_or_abort(health_check: Callable[[], None], pending: int, total: int) -> None:
+async def _health_or_abort(health_check: Callable[[], Any], pending: int, total: int) -> None:
     try:
-        health_check()
+        outcome = health_check()
+        if inspect.isawaitable(outcome):
+            await outcome
+    except PolicyServerUnreachable as e:
+        raise RolloutAborted(
+            f"policy server(s) {list(e.servers)} unreachable with {pending} of {total} episodes pending (NeMo Gym "
+            f"retries an unreachable policy server forever, so the batch was aborted):\n{e}"
+        ) from e
     except GymServerDied as e:
         raise RolloutAborted(
             f"NeMo Gym server(s) {list(e.servers)} died with {pending} of {total} episodes pending:\n{e}"
@@ -1044,7 +1269,7 @@ def _make_post_run(server_client: Any, ng: SimpleNamespace) -> Callable[[int, Ma
             return server_error_failure(index, agent, None, repr(e))
         if not isinstance(result, dict):
             return server_error_failure(index, agent, response.status, f"result is not a JSON object: {result!r}")
-        return result
+        return context_overflow_failure(index, result) or result
 
     return post_run
 

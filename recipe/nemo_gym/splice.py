@@ -64,8 +64,14 @@ class SpliceError(ValueError):
 
     A ValueError so vLLM answers it as a 400 Bad Request with this message. The wording deliberately avoids
     "context length" and "max_tokens": NeMo Gym's model server reads a 400 containing either as a
-    length-limited turn and would silently end the episode instead of failing it.
+    length-limited turn and would silently end the episode instead of failing it. Every message starts with
+    `PREFIX`, which the manager's runtime recognises in an agent's error body (a CONTIGUITY_BROKEN failure).
     """
+
+    PREFIX = "token-exact splice refused: "
+
+    def __init__(self, message: str):
+        super().__init__(self.PREFIX + message)
 
 
 @dataclass(frozen=True)

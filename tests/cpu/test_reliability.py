@@ -1,0 +1,625 @@
+"""Reliability of a rollout: dead policy server, splice refusals, the failure budget, bad agents, over-long prompts.
+
+Two layers:
+- pure functions and the batch core (`server_error_cause`, `context_overflow_failure`, `PolicyWatch`,
+  `probe_policy_server`, `run_examples_in_order`) on exact inputs, real sockets and error bodies captured from
+  the running stack;
+- the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
+  workplace servers and the CPU policy server (vLLM 0.24's OpenAI server with the splice patch; only the GPU
+  engine is replaced, by a scripted policy). One start for the module; the test that kills the policy server
+  runs last.
+
+Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+from recipe.nemo_gym.cpu_policy import harness
+from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
+from recipe.nemo_gym.gym_runtime import (
+    GymConfigError,
+    GymServersSpec,
+    PolicyServerUnreachable,
+    PolicyWatch,
+    ProbeResult,
+    context_overflow_failure,
+    policy_health_url,
+    probe_policy_server,
+    run_examples_in_order,
+    server_error_cause,
+    server_error_failure,
+)
+from recipe.nemo_gym.packing import synthetic_result
+from recipe.nemo_gym.splice import SpliceError, find_true_prefix, splice_prompt_ids
+
+MATH = "math_with_judge_simple_agent"
+WORKPLACE = "workplace_assistant_simple_agent"
+EOS = 151645
+PROMPT_LENGTH = 6144
+RESPONSE_LENGTH = 1024
+
+# --------------------------------------------------------------------------------------- captured bodies
+
+# The body of a workplace row's `/run` (HTTP 500) when the splice patch refused the second model call (the
+# policy's first generation held an EOS in its middle), captured from this file's stack: vLLM's 400, wrapped
+# by NeMo Gym's model server and agent (each hop `repr`s the inner body). SpliceError's message prefix
+# ("token-exact splice refused: ") was added after the capture; the test below rebuilds the body from it.
+REAL_REFUSAL_BODY = '"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"token-exact splice refused: rule 2 (unedited history) failed: the model\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s own tokens hold 4 EOS token(s) (3 before the generation\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s end, generation ended on EOS) but the history rendered up to that turn holds 3; the history was edited after the model produced it (truncated, summarised, or a turn split or merged)\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
+# The body of a math row's `/run` when the policy's completion carried a NaN log-prob: vLLM's server cannot
+# encode the response and answers 400 with the JSON encoder's message; NeMo Gym relays it the same way.
+REAL_NAN_BODY = '"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"Out of range float values are not JSON compliant: nan\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
+
+
+def nemo_gym_relay(inner: bytes, hops: list[str]) -> str:
+    """What NeMo Gym 0.4.0's exception middleware makes of an inner server's error body at each hop."""
+    body = inner
+    for key in hops:
+        body = json.dumps(f"Hit an exception in {key} calling an inner server: {body}").encode()
+    return body.decode()
+
+
+def vllm_400(message: str) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}},
+        separators=(",", ":"),
+    ).encode()
+
+
+def hops(agent: str) -> list[str]:
+    """The servers an error passes on its way out, innermost first (the agent's middleware wraps it twice)."""
+    return ["VLLMModel___policy_model", f"SimpleAgent___{agent}", f"SimpleAgent___{agent}"]
+
+
+def splice_refusals() -> dict[str, str]:
+    """The message of each of splice.py's rules, produced by splice.py itself."""
+    messages = {}
+    cases = {
+        "rule 1": lambda: splice_prompt_ids([1, 2], [1, 2], [1, 2, 3], eos_token_id=EOS),
+        "rule 2": lambda: splice_prompt_ids([1, EOS, 2, EOS], [1, EOS], [1, EOS, 3], eos_token_id=EOS),
+        "rule 3": lambda: splice_prompt_ids([1, EOS], [1, EOS, 2, EOS], [1, EOS], eos_token_id=EOS),
+        "one message per generation": lambda: find_true_prefix(
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a", "prompt_token_ids": [1], "generation_token_ids": [2]},
+                {"role": "assistant", "content": "b"},
+            ]
+        ),
+    }
+    for name, call in cases.items():
+        with pytest.raises(SpliceError) as err:
+            call()
+        messages[name] = str(err.value)
+    return messages
+
+
+# --------------------------------------------------------------------------- failure causes of error bodies
+
+
+def test_real_splice_refusal_relayed_by_nemo_gym_is_contiguity_broken_with_a_readable_detail():
+    assert server_error_cause(REAL_REFUSAL_BODY) is FailureCause.CONTIGUITY_BROKEN
+    failure = server_error_failure(3, WORKPLACE, 500, REAL_REFUSAL_BODY.encode())
+    assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
+    assert failure.detail.startswith(
+        f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
+        "splice): rule 2 (unedited history) failed: the model's own tokens hold"
+    )
+    assert failure.detail.endswith(
+        "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
+    )
+
+
+def test_every_splice_rule_refusal_is_contiguity_broken_after_nemo_gyms_relay():
+    refusals = splice_refusals()
+    assert len(refusals) == 4
+    for name, message in refusals.items():
+        body = nemo_gym_relay(vllm_400(message), hops(WORKPLACE))
+        assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN, name
+        detail = server_error_failure(0, WORKPLACE, 500, body).detail
+        assert "refused the chat history (token-exact splice): rule " in detail, name
+
+
+def test_relay_written_here_reproduces_the_captured_bodies_byte_for_byte():
+    """So the bodies built for the rules the stack was not driven into are what the stack would send."""
+    with pytest.raises(SpliceError) as err:  # the captured refusal: 4 EOS in the model's tokens, 3 in the render
+        splice_prompt_ids([EOS, EOS, EOS, 1, EOS], [EOS, EOS, EOS], [EOS] * 4, eos_token_id=EOS)
+    assert nemo_gym_relay(vllm_400(str(err.value)), hops(WORKPLACE)) == REAL_REFUSAL_BODY
+    nan_message = "Out of range float values are not JSON compliant: nan"
+    assert nemo_gym_relay(vllm_400(nan_message), hops(MATH)) == REAL_NAN_BODY
+
+
+def test_real_nan_log_prob_body_is_non_finite_logprob():
+    assert server_error_cause(REAL_NAN_BODY) is FailureCause.NON_FINITE_LOGPROB
+    failure = server_error_failure(1, MATH, 500, REAL_NAN_BODY)
+    assert failure == EpisodeFailure(
+        FailureCause.NON_FINITE_LOGPROB,
+        f"agent {MATH!r} /run returned HTTP 500: the policy server could not send a non-finite log-prob: "
+        "Out of range float values are not JSON compliant: nan",
+        row=1,
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"object":"error","message":"policy exploded","code":500}',
+        "Internal Server Error",
+        "",
+        nemo_gym_relay(b'{"detail":"the rule of thumb failed"}', hops(MATH)),  # "rule" without a splice rule's shape
+    ],
+)
+def test_other_error_bodies_stay_server_errors_cut_to_500_characters(body):
+    assert server_error_cause(body) is FailureCause.SERVER_ERROR
+    failure = server_error_failure(2, MATH, 500, body + "x" * 600)
+    assert failure.cause is FailureCause.SERVER_ERROR
+    assert failure.detail == f"agent {MATH!r} /run returned HTTP 500: {(body + 'x' * 600)[:500]}..."
+
+
+def test_result_refused_as_over_the_context_is_prompt_too_long_and_a_cut_episode_is_not():
+    # The shape NeMo Gym's model server gives an over-context first call: an empty message, cut on length.
+    overflow = synthetic_result([([1], [2], [-0.1])], reward=0.0, agent_name=MATH)
+    overflow["response"]["output"] = [
+        {
+            "id": "msg_0",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "", "annotations": []}],
+        }
+    ]
+    overflow["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    assert context_overflow_failure(6, overflow) == EpisodeFailure(
+        FailureCause.PROMPT_TOO_LONG,
+        "the policy server refused the first model call as longer than the model's context (NeMo Gym's model "
+        "server answered it as an empty turn cut on length); shorten the prompt or raise the context length",
+        row=6,
+    )
+
+    cut = synthetic_result([([1, 2], [3, 4], [-0.1, -0.2])], reward=0.0)
+    cut["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    assert context_overflow_failure(0, cut) is None  # generated tokens: an ordinary episode cut on length
+    assert context_overflow_failure(0, synthetic_result([([1], [2], [-0.1])])) is None
+    no_tokens = json.loads(json.dumps(overflow))
+    no_tokens["response"]["incomplete_details"] = None
+    assert context_overflow_failure(0, no_tokens) is None  # left to packing: MISSING_GENERATION
+    assert context_overflow_failure(0, {"response": None}) is None
+
+
+# ---------------------------------------------------------------------------------------- policy health
+
+
+def test_policy_health_url_is_the_servers_root_health():
+    assert policy_health_url("http://10.0.0.1:8000/v1") == "http://10.0.0.1:8000/health"
+    assert policy_health_url("http://10.0.0.1:8000/v1/") == "http://10.0.0.1:8000/health"
+    assert policy_health_url("https://host/prefix") == "https://host/prefix/health"
+
+
+def test_spec_rejects_bad_policy_health_settings():
+    base = {"config_paths": ("x.yaml",), "policy_base_urls": ("http://h:1/v1",), "policy_model_name": "m"}
+    with pytest.raises(GymConfigError, match="policy_health_failures must be an integer >= 1, got 0"):
+        GymServersSpec(**base, policy_health_failures=0)
+    with pytest.raises(GymConfigError, match="policy_health_timeout_s must be positive"):
+        GymServersSpec(**base, policy_health_timeout_s=0)
+
+
+def test_policy_watch_aborts_only_after_consecutive_failures_and_names_the_server():
+    a, b = "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"
+    watch = PolicyWatch([a, b], timeout_s=10.0, max_failures=3)
+
+    def down(url: str) -> ProbeResult:
+        return ProbeResult(url, False, "cannot connect (Connection refused)")
+
+    def up(url: str) -> ProbeResult:
+        return ProbeResult(url, True, "HTTP 200")
+
+    watch.record([down(a), up(b)], now=100.0)
+    watch.record([down(a), down(b)], now=101.0)
+    watch.record([up(a), down(b)], now=102.0)  # a answers: its count starts again
+    assert watch.failures == {a: 0, b: 2}
+    watch.record([down(a), up(b)], now=103.0)
+    watch.record([down(a), down(b)], now=104.5)
+    assert watch.failures == {a: 2, b: 1}
+    with pytest.raises(PolicyServerUnreachable) as err:
+        watch.record([down(a), down(b)], now=106.0)
+    assert err.value.servers == (a,)
+    assert str(err.value) == (
+        f"policy server {a} did not answer GET http://10.0.0.1:8000/health 3 times in a row over 3.0s "
+        "(last: cannot connect (Connection refused))"
+    )
+    assert watch.probes == 6
+
+
+class HealthServer:
+    """A real HTTP server whose `/health` answers `status` after `delay_s`."""
+
+    def __init__(self, status: int = 200, delay_s: float = 0.0) -> None:
+        self.status, self.delay_s, self.requests = status, delay_s, 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                owner.requests += 1
+                time.sleep(owner.delay_s)
+                self.send_response(owner.status if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_probe_tells_refused_and_silent_servers_from_slow_or_failing_ones():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    silent = socket.socket()  # accepts connections (kernel backlog) but never answers: a hung server
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    slow = HealthServer(status=503, delay_s=0.4)  # answers, slowly, with an error: alive
+    try:
+
+        async def probe_all() -> list[ProbeResult]:
+            return await asyncio.gather(
+                probe_policy_server(f"http://127.0.0.1:{closed_port}/v1", 2.0),
+                probe_policy_server(f"http://127.0.0.1:{silent.getsockname()[1]}/v1", 0.3),
+                probe_policy_server(slow.base_url, 2.0),
+            )
+
+        t0 = time.monotonic()
+        refused, hung, answered = asyncio.run(probe_all())
+        elapsed = time.monotonic() - t0
+    finally:
+        silent.close()
+        slow.close()
+    assert refused == ProbeResult(f"http://127.0.0.1:{closed_port}/v1", False, "cannot connect (Connection refused)")
+    assert (hung.alive, hung.detail) == (False, "no answer within 0.3s")
+    assert answered == ProbeResult(slow.base_url, True, "HTTP 503")
+    assert elapsed < 2.0
+
+
+def test_batch_waiting_on_a_policy_server_that_stops_answering_is_aborted_naming_it():
+    """The batch core with the real watch and real probes: slow-but-alive never aborts; a dead server does."""
+    server = HealthServer(status=200, delay_s=0.15)
+    watch = PolicyWatch([server.base_url], timeout_s=1.0, max_failures=3)
+    closed_at: list[float] = []
+
+    def kill() -> None:
+        server.close()
+        closed_at.append(time.monotonic())
+
+    async def post_run(i: int, row: dict) -> dict:
+        await asyncio.sleep(3600)  # as NeMo Gym's model server retrying a dead policy server: forever
+        return {}
+
+    killer = threading.Timer(2.0, kill)
+    killer.start()
+    try:
+        with pytest.raises(RolloutAborted) as err:
+            asyncio.run(
+                run_examples_in_order(
+                    [{}, {}], post_run, deadline_s=60, health_check=watch.check, health_check_interval_s=0.2
+                )
+            )
+        aborted_at = time.monotonic()
+    finally:
+        killer.join()
+    probes_while_alive = server.requests
+    print(f"\npolicy server closed -> batch aborted in {aborted_at - closed_at[0]:.2f}s ({watch.probes} probes)")
+    assert probes_while_alive >= 5  # probed all along while it answered slowly, never aborted
+    message = str(err.value)
+    assert message.startswith(f"policy server(s) ['{server.base_url}'] unreachable with 2 of 2 episodes pending")
+    assert "3 times in a row" in message and "Connection refused" in message
+    assert aborted_at - closed_at[0] < 5.0
+
+
+# ----------------------------------------------------------------------------------- the real manager
+
+
+def _math_row(question: str, expected: str = "4") -> dict:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": question}]},
+        "question": question,
+        "expected_answer": expected,
+        "agent_ref": {"type": "responses_api_agents", "name": MATH},
+    }
+
+
+def _workplace_row(marker: str) -> dict:
+    row = harness.example_rows([WORKPLACE])[0]
+    row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return row
+
+
+# Dataset rows, by what the stack does with them. Words are one token each ("word " -> " word").
+ROWS = {
+    "good_math": _math_row("What is 2+2?"),
+    "nan_logprob": _math_row("What is 2+2? MARK_NAN"),  # NaN log-prob: vLLM cannot send it (HTTP 500)
+    "huge_logprob": _math_row("What is 2+2? MARK_HUGE"),  # 1e39: sent, but infinite in float32
+    "eos_inside": _workplace_row("MARK_EOS_INSIDE"),  # an EOS inside a generation: the next turn is refused
+    "good_workplace": _workplace_row("MARK_TOOL"),  # a tool call, its result, a closing message
+    "over_prompt_length": _math_row("What is 2+2? " + "word " * 6500),  # fits the context (8192), not P
+    "over_context": _math_row("What is 2+2? " + "word " * 9000),  # beyond the model's 8192 positions
+    "good_math_2": _math_row("What is 3+1?"),
+    "unknown_agent": {**_math_row("What is 1+3?"), "agent_ref": {"name": "no_such_agent"}},
+}
+INDEX = {name: i for i, name in enumerate(ROWS)}
+MIXED = [name for name in ROWS if name != "unknown_agent"]
+EXPECTED_CAUSES = {
+    "nan_logprob": FailureCause.NON_FINITE_LOGPROB,
+    "huge_logprob": FailureCause.NON_FINITE_LOGPROB,
+    "eos_inside": FailureCause.CONTIGUITY_BROKEN,
+    "over_prompt_length": FailureCause.PROMPT_TOO_LONG,
+    "over_context": FailureCause.PROMPT_TOO_LONG,
+}
+
+
+def scripted_policy(model_dir: Path) -> ScriptedPolicy:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    answer = ids("The answer is \\boxed{4}.")
+    tool_call = "<tool_call>\n" + json.dumps(
+        {"name": "company_directory_find_email_address", "arguments": {"name": "carlos"}}
+    )
+    tool_call += "\n</tool_call>"
+    return ScriptedPolicy(
+        rules=[
+            ScriptRule(
+                name="nan log-prob",
+                when=ScriptMatch(last_message_regex="MARK_NAN"),
+                completion=ScriptCompletion(
+                    token_ids=answer, logprobs=[-0.1] * (len(answer) - 1) + [float("nan"), -0.1]
+                ),
+            ),
+            ScriptRule(
+                name="log-prob beyond float32",
+                when=ScriptMatch(last_message_regex="MARK_HUGE"),
+                completion=ScriptCompletion(token_ids=answer, logprobs=[-0.1] * (len(answer) - 1) + [1e39, -0.1]),
+            ),
+            ScriptRule(
+                name="EOS inside the generation",
+                when=ScriptMatch(assistant_turns=0, last_message_regex="MARK_EOS_INSIDE"),
+                completion=ScriptCompletion(token_ids=ids(tool_call) + [EOS] + ids("ok")),
+            ),
+            ScriptRule(
+                name="tool result seen: close",
+                when=ScriptMatch(last_message_regex="<tool_response>"),
+                completion=ScriptCompletion(text="Done.", split="char"),
+            ),
+            ScriptRule(
+                name="look someone up",
+                when=ScriptMatch(assistant_turns=0, last_message_regex="MARK_TOOL"),
+                completion=ScriptCompletion(text=tool_call, split="char"),
+            ),
+            ScriptRule(name="answer 4", completion=ScriptCompletion(text="The answer is \\boxed{4}.", split="char")),
+        ]
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reliability")
+    model_dir = tiny_qwen3_dir()
+    data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
+    plugin_yaml = tmp / "plugin.yaml"
+    plugin_yaml.write_text(
+        f"""
+nemo_gym:
+  config_paths:
+    - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
+    - resources_servers/math_with_judge/configs/math_with_judge.yaml
+    - resources_servers/workplace_assistant/configs/workplace_assistant.yaml
+  head_server: {{port: {_free_port()}}}
+  log_dir: {tmp}/logs
+timeouts: {{startup_s: 600, batch_s: 300, health_check_interval_s: 1}}
+failures: {{max_fraction: 0.05}}
+"""
+    )
+    overrides = harness.cpu_trainer_overrides(
+        model_dir,
+        plugin_yaml,
+        prompt_length=PROMPT_LENGTH,
+        response_length=RESPONSE_LENGTH,
+        n=1,
+        batch_size=len(MIXED),
+    )
+    config = harness.compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+    # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    server = CPUPolicyServer(model_dir, script=scripted_policy(model_dir), env=env).start()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    manager = None
+    try:
+        llm_client = harness.verl_llm_client(config, [f"{server.host}:{server.port}"])
+        manager = NeMoGymAgentLoopManager.create(
+            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
+        )
+        yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        ray.shutdown()
+        server.stop()
+
+
+def _batch(stack, names):
+    _, batch = harness.trainer_batches(stack["dataset"], [INDEX[n] for n in names], stack["config"])
+    return batch
+
+
+@pytest.fixture(scope="module")
+def below_budget(stack):
+    """The mixed batch with a budget it stays under: 5 of 8 rows fail, 6 may."""
+    manager = stack["manager"]
+    manager.budget = FailureBudget(0.75)
+    try:
+        output = manager.generate_sequences(_batch(stack, MIXED))
+    finally:
+        manager.budget = FailureBudget(manager.plugin_config.failures.max_fraction)
+    return output, list(manager.last_results), manager.last_stats
+
+
+def test_failed_rows_are_masked_with_reward_zero_and_the_rest_train(below_budget):
+    output, _, stats = below_budget
+    assert len(output) == len(MIXED)
+    assert list(stats.failure_cause) == [EXPECTED_CAUSES.get(name, "") for name in MIXED]
+    mask, scores = output.batch["response_mask"], output.batch["rm_scores"]
+    for row, name in enumerate(MIXED):
+        if name in EXPECTED_CAUSES:
+            assert mask[row].sum().item() == 0, name
+            assert torch.count_nonzero(scores[row]).item() == 0, name
+            assert torch.count_nonzero(output.batch["rollout_log_probs"][row]).item() == 0, name
+            assert output.batch["attention_mask"][row, PROMPT_LENGTH:].sum().item() == 1, name  # one pad, see packing
+        else:
+            assert mask[row].sum().item() > 0, name
+    assert [scores[INDEX[n]].sum().item() for n in ("good_math", "good_math_2")] == [1.0, 1.0]
+
+
+def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
+    output, _, _ = below_budget
+    timing = output.meta_info["timing"]
+    counts = {cause.value: timing[f"nemo_gym/all/failed/{cause.value}"] for cause in FailureCause}
+    print(f"\nfailed by cause: {counts}")
+    assert counts == {
+        "server_error": 0,
+        "contiguity_broken": 1,
+        "missing_generation": 0,
+        "non_finite_logprob": 2,
+        "bad_reward": 0,
+        "prompt_too_long": 2,
+    }
+    assert timing["nemo_gym/all/failed"] == 5 and timing["nemo_gym/all/episodes"] == 8
+    assert timing[f"nemo_gym/{WORKPLACE}/failed/contiguity_broken"] == 1
+    assert timing[f"nemo_gym/{MATH}/failed/prompt_too_long"] == 2
+
+
+def test_each_failure_says_what_the_stack_did(below_budget):
+    _, results, _ = below_budget
+    by_name = dict(zip(MIXED, results, strict=True))
+    # Failures decided by the runtime come back as EpisodeFailure; packing's own are raised from the result.
+    nan = by_name["nan_logprob"]
+    assert isinstance(nan, EpisodeFailure) and nan.cause is FailureCause.NON_FINITE_LOGPROB
+    assert "could not send a non-finite log-prob: Out of range float values are not JSON compliant: nan" in nan.detail
+    refused = by_name["eos_inside"]
+    assert isinstance(refused, EpisodeFailure) and refused.cause is FailureCause.CONTIGUITY_BROKEN
+    assert "rule 2 (unedited history) failed" in refused.detail
+    over_context = by_name["over_context"]
+    assert isinstance(over_context, EpisodeFailure) and over_context.cause is FailureCause.PROMPT_TOO_LONG
+    # Over rollout.prompt_length but within the context: generated normally, refused by packing.
+    assert isinstance(by_name["over_prompt_length"], dict) and isinstance(by_name["huge_logprob"], dict)
+
+
+def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, below_budget):
+    manager = stack["manager"]
+    manager.budget = FailureBudget(0.5)
+    try:
+        with pytest.raises(FailureBudgetExceeded) as err:
+            manager.generate_sequences(_batch(stack, MIXED))
+    finally:
+        manager.budget = FailureBudget(manager.plugin_config.failures.max_fraction)
+    lines = str(err.value).splitlines()
+    print(f"\n{err.value}")
+    assert lines[0] == (
+        "5 of 8 episodes failed, over the budget of 50.0% (4 episodes). By cause: contiguity_broken (data) = 1, "
+        "non_finite_logprob (data) = 2, prompt_too_long (data) = 2."
+    )
+    assert lines[1] == "First failures:" and len(lines) == 7
+
+
+def _chat_requests(server: CPUPolicyServer) -> int:
+    return server.log_path.read_text(errors="replace").count("POST /v1/chat/completions")
+
+
+def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(stack, below_budget):
+    manager, server = stack["manager"], stack["server"]
+    sent_before = _chat_requests(server)
+    assert sent_before > 0  # the policy server logs every chat request it gets
+    with pytest.raises(ValueError) as err:
+        manager.generate_sequences(_batch(stack, ["good_math", "unknown_agent", "good_math_2"]))
+    message = str(err.value)
+    assert f"batch row 1 (dataset index {INDEX['unknown_agent']}): agent_ref.name 'no_such_agent'" in message, message
+    assert message.startswith("1 of 3 rows name an agent that is not configured in ")
+    assert f"'{MATH}', '{WORKPLACE}'" in message and "nothing was sent" in message
+    time.sleep(0.5)
+    assert _chat_requests(server) == sent_before
+    output = manager.generate_sequences(_batch(stack, ["good_math", "good_math_2"]))
+    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0]
+    assert _chat_requests(server) == sent_before + 2
+
+
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(stack):
+    """Last: kills the policy server. Requests wait on a live, paused server; then it dies under them."""
+    import urllib.request
+
+    manager, server = stack["manager"], stack["server"]
+    url = server.base_url
+    request = urllib.request.Request(f"{server.root_url}/pause?mode=keep", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = manager.generate_sequences(_batch(stack, ["good_math", "good_workplace"]))
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = e
+        outcome["ended"] = time.monotonic()
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(6.0)  # six health checks: the paused server answers /health, so nothing aborts
+    assert worker.is_alive(), f"the batch ended while the policy server was alive: {outcome}"
+    killed = time.monotonic()
+    os.killpg(server.pgid, signal.SIGKILL)
+    worker.join(60.0)
+    assert not worker.is_alive(), "the batch did not end after the policy server died"
+    to_error = outcome["ended"] - killed
+    print(
+        f"\npolicy server killed {killed - t0:.1f}s into the batch (requests held on it); "
+        f"RolloutAborted {to_error:.2f}s later (batch deadline 300s)"
+    )
+    error = outcome.get("error")
+    assert isinstance(error, RolloutAborted), outcome
+    assert f"policy server(s) ['{url}'] unreachable with 2 of 2 episodes pending" in str(error)
+    assert "Connection refused" in str(error)
+    assert to_error < 20.0
