@@ -26,6 +26,7 @@ from the rollout into the step's logged metrics: they appear as `timing_s/nemo_g
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -38,6 +39,7 @@ from recipe.nemo_gym.dataset import ROW_KEY
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing import Episode, PackStats, episode_from_result, pack_batch
 from recipe.nemo_gym.rollout_requests import build_example, sampling_from_rollout_config
@@ -99,6 +101,12 @@ class NeMoGymAgentLoopManager:
                 what="finding verl's vLLM servers",
             )
             spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
+            # Connector limits that fit this process's file limit (recipe/nemo_gym/limits.py); the user's
+            # nemo_gym.config_overrides, already in spec.overrides, win.
+            limits = derive_connection_limits(*current_nofile_limits())
+            spec = dataclasses.replace(spec, overrides=limits.merged_under(spec.overrides))
+            log = logger.warning if limits.below_floor else logger.info
+            log("NeMo Gym HTTP connection limits: %s", limits.describe())
             self._runtime = GymRuntime.start(spec, loop=self._loop)
         except BaseException:
             self.shutdown()
@@ -174,15 +182,23 @@ class NeMoGymAgentLoopManager:
         return output
 
     def _check_agents(self, rows, prompts: DataProto) -> None:
+        """Refuse the batch, before any request is sent, if a row names an agent that is not configured.
+
+        Every such row is named (batch row and dataset index, first 10 shown); the manager stays usable.
+        """
         indices = prompts.non_tensor_batch.get("index")
+        bad = []
         for i, row in enumerate(rows):
             name = (row.get("agent_ref") or {}).get("name")
             if name not in self.agent_names:
                 where = f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "")
-                raise ValueError(
-                    f"{where}: agent_ref.name {name!r} is not an agent configured in {self.config_path}; "
-                    f"configured agents: {sorted(self.agent_names)}"
-                )
+                bad.append(f"{where}: agent_ref.name {name!r}")
+        if bad:
+            shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+            raise ValueError(
+                f"{len(bad)} of {len(rows)} rows name an agent that is not configured in {self.config_path} "
+                f"(configured agents: {sorted(self.agent_names)}); nothing was sent: {shown}"
+            )
 
     def _prompt_ids(self, row) -> list[int] | None:
         """The row's prompt as the chat template renders it: what a failed row carries (masked) in the batch."""

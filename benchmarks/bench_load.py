@@ -1,0 +1,371 @@
+"""Load: many concurrent NeMo Gym episodes through the real manager on CPU, with open file descriptors sampled.
+
+One batch of `--episodes` math episodes (NeMo Gym's example math rows, cycled; `rollout.n=1`) goes through
+`NeMoGymAgentLoopManager.create` and `generate_sequences` exactly as verl's trainer calls them: verl's real
+`LLMServerClient`, NeMo Gym's real `math_with_judge` servers (judge off) and training model server, and the CPU
+policy server (vLLM 0.24's own OpenAI server with only the engine replaced) playing the scripted example policy
+(`cpu_policy.episodes`). The whole batch is handed over at once, so every episode is in flight together up to
+what the connector limits let through.
+
+While the batch runs, a thread samples `psutil.Process.num_fds()` of this process (the manager) and of every
+NeMo Gym server process, every `--sample-interval-s`. Reported: episodes/s (batch wall time), start-up time, the
+peak FD count of each process next to that process's own soft RLIMIT_NOFILE, the connector limits NeMo Gym's
+servers were given (read from their environment, where NeMo Gym puts its whole config) and the one this
+process's NeMo Gym client uses, failures, rewards, and any "Too many open files" in the servers' logs.
+
+`--nofile N` sets this process's RLIMIT_NOFILE to N, soft and hard, before anything starts (the NeMo Gym
+servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
+`--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
+user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
+test reads it). Without `--policy-url` a CPU policy server is started (and stopped) here; without
+`--ray-address` a local Ray is.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_load.py [--episodes 512] [--nofile 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psutil
+import yaml
+
+from recipe.nemo_gym.limits import (
+    LIMIT_KEY,
+    LIMIT_PER_HOST_KEY,
+    NEMO_GYM_DEFAULT_LIMIT,
+    NEMO_GYM_DEFAULT_LIMIT_PER_HOST,
+)
+
+MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
+EMFILE_TEXT = "Too many open files"
+
+
+class Environment(NamedTuple):
+    agent: str
+    config_path: str
+    data_path: str
+    overrides: dict[str, Any]
+
+
+ENVIRONMENTS = {
+    # Two model calls per episode with a real tool call between them (NeMo Gym's get_weather); verify gives 1.
+    "weather": Environment(
+        agent="example_single_tool_call_simple_agent",
+        config_path="resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
+        data_path="resources_servers/example_single_tool_call/data/example.jsonl",
+        overrides={},
+    ),
+    # One model call; math-verify runs in a forked child per episode (about 0.15 s of CPU each here), under a
+    # 10 s timeout by default that a saturated 2-core machine can miss: raised so that load cannot change rewards.
+    "math": Environment(
+        agent="math_with_judge_simple_agent",
+        config_path="resources_servers/math_with_judge/configs/math_with_judge.yaml",
+        data_path="resources_servers/math_with_judge/data/example.jsonl",
+        overrides={
+            "math_with_judge": {"resources_servers": {"math_with_judge": {"library_verifier_timeout_seconds": 300}}}
+        },
+    ),
+}
+
+
+def weather_policy() -> Any:
+    """Scripted policy for the weather rows: call get_weather, then answer once the tool result is in."""
+    from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco"}}\n</tool_call>'
+    return ScriptedPolicy(
+        rules=[
+            ScriptRule(
+                name="tool result seen: answer",
+                when=ScriptMatch(last_message_regex="<tool_response>"),
+                completion=ScriptCompletion(text="It is cold in San Francisco: take a coat.", split="char"),
+            ),
+            ScriptRule(
+                name="first turn: call the tool",
+                when=ScriptMatch(assistant_turns=0),
+                completion=ScriptCompletion(text=call, split="char"),
+            ),
+        ]
+    )
+
+
+def policy_for(env: str) -> Any:
+    from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
+
+    return weather_policy() if env == "weather" else example_episodes_policy()
+
+
+def expected_reward(env: str, row: dict[str, Any]) -> float:
+    if env == "weather":
+        return 1.0
+    return 1.0 if row.get("expected_answer") == "32" else 0.0  # the scripted math answer is always 32
+
+
+class FDSampler:
+    """Samples `num_fds()` of a fixed set of processes on a thread; keeps each one's peak and the peak sum."""
+
+    def __init__(self, processes: dict[int, str], interval_s: float):
+        self.processes = {pid: (name, psutil.Process(pid)) for pid, name in processes.items()}
+        self.interval_s = interval_s
+        self.peak: dict[int, int] = dict.fromkeys(self.processes, 0)
+        self.peak_total = 0
+        self.samples = 0
+        self.cpu_start = {pid: _cpu_s(proc) for pid, (_, proc) in self.processes.items()}
+        self.cpu_used: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fd-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        total = 0
+        for pid, (_, proc) in self.processes.items():
+            try:
+                n = proc.num_fds()
+            except psutil.Error:
+                continue
+            self.peak[pid] = max(self.peak[pid], n)
+            total += n
+        self.peak_total = max(self.peak_total, total)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> FDSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._sample()
+        self.cpu_used = {pid: _cpu_s(proc) - self.cpu_start[pid] for pid, (_, proc) in self.processes.items()}
+
+    def report(self) -> list[dict[str, Any]]:
+        rows = []
+        for pid, (name, proc) in self.processes.items():
+            try:
+                soft = proc.rlimit(psutil.RLIMIT_NOFILE)[0]
+            except psutil.Error:
+                soft = None
+            row = {"pid": pid, "name": name, "peak_fds": self.peak[pid], "soft_nofile": soft}
+            rows.append(row | {"cpu_s": round(self.cpu_used.get(pid, 0.0), 2)})
+        return rows
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_connector_limits(pids: dict[int, str]) -> dict[str, dict[str, Any]]:
+    """The connector keys of NeMo Gym's global config as each server process received it (its environment)."""
+    found = {}
+    for pid, name in pids.items():
+        try:
+            raw = psutil.Process(pid).environ().get("NEMO_GYM_CONFIG_DICT")
+        except psutil.Error:
+            continue
+        if raw:
+            config = yaml.safe_load(raw)
+            found[name] = {LIMIT_KEY: config.get(LIMIT_KEY), LIMIT_PER_HOST_KEY: config.get(LIMIT_PER_HOST_KEY)}
+    return found
+
+
+def is_emfile_error(line: str) -> bool:
+    """A log line reporting EMFILE; not the start-up warning vLLM and NeMo Gym print when they cannot raise
+    the soft limit ("Found ulimit of ... failed to automatically increase ..."), which quotes the error text."""
+    return (EMFILE_TEXT in line or "Errno 24" in line) and "failed to automatically increase" not in line
+
+
+def emfile_lines(paths: list[Path]) -> list[str]:
+    hits = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        hits += [f"{path.name}: {line.strip()[:300]}" for line in text.splitlines() if is_emfile_error(line)]
+    return hits
+
+
+def plugin_yaml(
+    path: Path, env: Environment, *, head_port: int, log_dir: Path, batch_s: float, default_limits: bool
+) -> Path:
+    overrides: dict[str, Any] = dict(env.overrides)
+    if default_limits:
+        overrides |= {LIMIT_KEY: NEMO_GYM_DEFAULT_LIMIT, LIMIT_PER_HOST_KEY: NEMO_GYM_DEFAULT_LIMIT_PER_HOST}
+    config = {
+        "nemo_gym": {
+            "config_paths": [MODEL_SERVER_CONFIG, env.config_path],
+            "uses_reasoning_parser": False,
+            "head_server": {"port": head_port},
+            "log_dir": str(log_dir),
+            "config_overrides": overrides,
+        },
+        "timeouts": {"startup_s": 300, "batch_s": batch_s, "health_check_interval_s": 2},
+        # Every episode must succeed: a single failure fails the batch.
+        "failures": {"max_fraction": 0.0},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+    from recipe.nemo_gym.cpu_policy import harness
+    from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym.failures import EpisodeFailure
+    from recipe.nemo_gym.gym_runtime import nemo_gym_install_root
+
+    report: dict[str, Any] = {
+        "env": args.env,
+        "episodes": args.episodes,
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    model_dir = tiny_qwen3_dir()
+    env = ENVIRONMENTS[args.env]
+    examples = [json.loads(line) for line in (nemo_gym_install_root() / env.data_path).read_text().splitlines() if line]
+    for row in examples:
+        row["agent_ref"] = {"type": "responses_api_agents", "name": env.agent}
+    rows = [examples[i % len(examples)] for i in range(args.episodes)]
+    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    config_path = plugin_yaml(
+        tmp / "plugin.yaml",
+        env,
+        head_port=args.head_port or free_port(),
+        log_dir=tmp / "logs",
+        batch_s=args.batch_s,
+        default_limits=args.nemo_gym_default_limits,
+    )
+    overrides = harness.cpu_trainer_overrides(
+        model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
+    )
+    config = harness.compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+
+    server = None
+    policy_address = args.policy_address
+    if policy_address is None:
+        server = CPUPolicyServer(model_dir, script=policy_for(args.env)).start()
+        policy_address = f"{server.host}:{server.port}"
+    if args.ray_address:
+        ray.init(address=args.ray_address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    manager = None
+    try:
+        llm_client = harness.verl_llm_client(config, [policy_address])
+        t0 = time.perf_counter()
+        manager = NeMoGymAgentLoopManager.create(
+            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
+        )
+        report["startup_s"] = time.perf_counter() - t0
+        # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
+        report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+        server_pids = manager._runtime.pids()  # noqa: SLF001 - the benchmark measures the servers' own processes
+        _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
+        watched = {psutil.Process().pid: "manager", **server_pids}
+        policy_pid = server.proc.pid if server is not None and server.proc is not None else args.policy_pid
+        if policy_pid:
+            watched[policy_pid] = "cpu_policy_server"
+        with FDSampler(watched, args.sample_interval_s) as sampler:
+            t0 = time.perf_counter()
+            output = manager.generate_sequences(batch)
+            wall = time.perf_counter() - t0
+        results = manager.last_results
+        rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
+        expected = [expected_reward(args.env, row) for row in rows]
+        from nemo_gym.server_utils import get_global_aiohttp_client
+
+        connector = get_global_aiohttp_client().connector
+        report.update(
+            {
+                "batch_wall_s": wall,
+                "episodes_per_s": args.episodes / wall,
+                "output_rows": len(output),
+                "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
+                "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
+                "rewards_match": rewards == expected,
+                "reward_sum": sum(rewards),
+                "fd_samples": sampler.samples,
+                "fd_peak_total": sampler.peak_total,
+                "processes": sampler.report(),
+                "server_connector_limits": server_connector_limits(server_pids),
+                "manager_connector": {"limit": connector.limit, "limit_per_host": connector.limit_per_host},
+            }
+        )
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        ray.shutdown()
+        logs = sorted((tmp / "logs").glob("*.log"))
+        if server is not None and server.log_path is not None:
+            logs.append(server.log_path)
+        report["emfile_lines"] = emfile_lines(logs)
+        if server is not None:
+            server.stop()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=512)
+    parser.add_argument("--env", choices=sorted(ENVIRONMENTS), default="weather")
+    parser.add_argument("--nofile", type=int, default=None, help="set RLIMIT_NOFILE (soft and hard) to this first")
+    parser.add_argument("--nemo-gym-default-limits", action="store_true")
+    parser.add_argument("--policy-address", default=None, help="host:port of a running CPU policy server")
+    parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
+    parser.add_argument("--ray-address", default=None)
+    parser.add_argument("--head-port", type=int, default=None)
+    parser.add_argument("--batch-s", type=float, default=600.0)
+    parser.add_argument("--sample-interval-s", type=float, default=0.1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.nofile is not None:
+        # Soft and hard: `ray.init` raises a soft limit to the hard one in the calling process, as on a cluster
+        # whose `ulimit -n` is N for both, nothing here can raise it again.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, args.nofile))
+    report = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(
+        f"{report['episodes']} episodes in {report['batch_wall_s']:.1f} s: {report['episodes_per_s']:.1f} episodes/s "
+        f"(start-up {report['startup_s']:.1f} s); RLIMIT_NOFILE {report['nofile']}; "
+        f"failures {len(report['failures'])}; '{EMFILE_TEXT}' lines {len(report['emfile_lines'])}"
+    )
+    print(f"manager connector: {report['manager_connector']}; servers: {report['server_connector_limits']}")
+    print(f"peak open FDs, all watched processes together: {report['fd_peak_total']} ({report['fd_samples']} samples)")
+    for row in report["processes"]:
+        print(
+            f"  {row['name']:<30} pid {row['pid']:<8} peak {row['peak_fds']:>6} fds (soft limit {row['soft_nofile']}), "
+            f"{row['cpu_s']:.1f} s CPU during the batch"
+        )
+
+
+if __name__ == "__main__":
+    main()

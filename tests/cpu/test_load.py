@@ -1,0 +1,344 @@
+"""Load and lifetime of the whole stack on CPU: connection limits from the file limit, 512 concurrent episodes,
+and no NeMo Gym or policy-server process left after the trainer fails.
+
+- The limits formula (`recipe/nemo_gym/limits.py`) is checked with exact values.
+- Load: `benchmarks/bench_load.py` runs in a child process (so its RLIMIT_NOFILE can be lowered before anything
+  starts): the real manager (`NeMoGymAgentLoopManager.create`, verl's `LLMServerClient`), NeMo Gym's real
+  `math_with_judge` servers, and one CPU policy server (vLLM 0.24's OpenAI server, engine replaced) shared by the
+  runs. The child reports what it measured with psutil; the test reads that report and the servers' own logs.
+- Shutdown: a child creates the manager on its own CPU policy server and then raises, as a trainer step would;
+  the test finds every process by the process list (psutil), not by the child's word.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recipe.nemo_gym.limits import (
+    LIMIT_KEY,
+    LIMIT_PER_HOST_KEY,
+    UNLIMITED,
+    ConnectionLimits,
+    derive_connection_limits,
+    server_soft_limit,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH = REPO_ROOT / "benchmarks" / "bench_load.py"
+EPISODES = 512
+
+
+# ------------------------------------------------------------------------------------------- the formula
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "total", "per_host", "servers_soft"),
+    [
+        (1024, 1024, 384, 153, 1024),  # servers cannot raise theirs: (1024 - 256) // 2, // 5
+        (20000, 20000, 8750, 1024, 20000),  # (20000 - 2500) // 2; per host capped at NeMo Gym's 1024
+        (65535, 65535, 28672, 1024, 65535),  # (65535 - 8191) // 2
+        (UNLIMITED, UNLIMITED, 28672, 1024, 65535),  # servers lower an unlimited soft limit to 65535
+        (1024, 1048576, 768, 768, 65535),  # servers raise theirs; the manager's own 1024 - 256 binds
+        (20000, UNLIMITED, 17500, 1024, 65535),
+        (1048576, 1048576, 102400, 1024, 1048576),  # never above NeMo Gym's own default total
+    ],
+)
+def test_connection_limits_are_derived_from_the_file_limit(soft, hard, total, per_host, servers_soft):
+    assert derive_connection_limits(soft, hard) == ConnectionLimits(
+        total=total, per_host=per_host, soft=soft, hard=hard, server_soft=servers_soft, below_floor=False
+    )
+
+
+def test_a_tiny_file_limit_gets_the_floor_and_is_flagged():
+    assert derive_connection_limits(256, 256) == ConnectionLimits(
+        total=16, per_host=8, soft=256, hard=256, server_soft=256, below_floor=True
+    )
+    assert derive_connection_limits(300, 300) == ConnectionLimits(22, 8, 300, 300, 300)  # 44 // 2, 44 // 5: fits
+    assert derive_connection_limits(290, 290) == ConnectionLimits(17, 8, 290, 290, 290, below_floor=True)  # 34 // 5
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "expected"),
+    [(1024, 1024, 1024), (1024, 65535, 65535), (1024, UNLIMITED, 65535), (70000, 80000, 70000)],
+)
+def test_server_soft_limit_mirrors_nemo_gym_set_ulimit(soft, hard, expected):
+    assert server_soft_limit(soft, hard) == expected
+    assert server_soft_limit(UNLIMITED, UNLIMITED) == 65535
+
+
+def test_user_overrides_win_over_derived_limits():
+    limits = derive_connection_limits(1024, 1024)
+    assert limits.as_overrides() == {LIMIT_KEY: 384, LIMIT_PER_HOST_KEY: 153}
+    user = {LIMIT_PER_HOST_KEY: 50, "policy_model": {"x": 1}}
+    assert limits.merged_under(user) == {LIMIT_KEY: 384, LIMIT_PER_HOST_KEY: 50, "policy_model": {"x": 1}}
+    assert user == {LIMIT_PER_HOST_KEY: 50, "policy_model": {"x": 1}}  # not modified
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "error", "needle"),
+    [(2048, 1024, ValueError, "above the hard limit"), (-5, 1024, ValueError, "soft"), (1.5, 1024, TypeError, "int")],
+)
+def test_impossible_file_limits_are_rejected_naming_the_value(soft, hard, error, needle):
+    with pytest.raises(error, match=needle):
+        derive_connection_limits(soft, hard)
+
+
+# ------------------------------------------------------------------------------------ the stack, in children
+
+
+def _load_bench():
+    """benchmarks/bench_load.py as a module, loaded from its file: NeMo Gym's wheel owns the top-level name
+    `benchmarks`, so the folder cannot be imported as a package."""
+    spec = importlib.util.spec_from_file_location("bench_load", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+    server = CPUPolicyServer(tiny_qwen3_dir(), script=bench.policy_for("weather")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _run_load(tmp: Path, ray_address: str, policy, nofile: int | None) -> dict:
+    out = tmp / "report.json"
+    cmd = [sys.executable, str(BENCH), "--episodes", str(EPISODES), "--env", "weather", "--json", str(out)]
+    cmd += ["--policy-address", f"{policy.host}:{policy.port}", "--policy-pid", str(policy.proc.pid)]
+    cmd += ["--ray-address", ray_address, "--batch-s", "300"]
+    if nofile is not None:
+        cmd += ["--nofile", str(nofile)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(), capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, f"bench_load failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    print(f"\n[bench_load nofile={nofile}, {time.monotonic() - t0:.0f} s in all]\n" + proc.stdout[-3000:])
+    return json.loads(out.read_text())
+
+
+def _assert_batch_complete(report: dict) -> None:
+    assert report["output_rows"] == EPISODES
+    assert report["failures"] == [] and report["failed_metric"] == 0
+    assert report["rewards_match"] and report["reward_sum"] == EPISODES  # every weather episode verified
+    assert report["emfile_lines"] == []
+    for row in report["processes"]:
+        assert row["peak_fds"] < row["soft_nofile"], row
+
+
+def _expected_keys(soft: int, hard: int) -> dict:
+    return derive_connection_limits(soft, hard).as_overrides()
+
+
+def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_limit(tmp_path, ray_address, policy):
+    report = _run_load(tmp_path, ray_address, policy, nofile=None)
+    _assert_batch_complete(report)
+    soft, hard = report["nofile"]
+    expected = _expected_keys(soft, hard)
+    assert set(report["server_connector_limits"]) == {
+        "policy_model",
+        "example_single_tool_call",
+        "example_single_tool_call_simple_agent",
+    }
+    assert all(keys == expected for keys in report["server_connector_limits"].values())
+    assert report["manager_connector"] == {"limit": expected[LIMIT_KEY], "limit_per_host": expected[LIMIT_PER_HOST_KEY]}
+    manager = next(row for row in report["processes"] if row["name"] == "manager")
+    # Nothing held the batch back: the manager had (nearly) all 512 episodes' connections open at once.
+    assert manager["peak_fds"] >= EPISODES * 0.9, manager
+    assert not [line for line in Path(policy.log_path).read_text().splitlines() if bench.is_emfile_error(line)]
+
+
+def test_with_a_1024_file_limit_the_derived_limits_queue_instead_of_failing(tmp_path, ray_address, policy):
+    report = _run_load(tmp_path, ray_address, policy, nofile=1024)
+    _assert_batch_complete(report)
+    assert report["nofile"] == [1024, 1024]
+    expected = _expected_keys(*report["nofile"])
+    assert expected == {LIMIT_KEY: 384, LIMIT_PER_HOST_KEY: 153}
+    assert all(keys == expected for keys in report["server_connector_limits"].values())
+    assert report["manager_connector"] == {"limit": 384, "limit_per_host": 153}
+    # The servers inherited the lowered limit and kept what NeMo Gym's set_ulimit could make of it ...
+    servers_soft = server_soft_limit(*report["nofile"])
+    softs = {row["name"]: row["soft_nofile"] for row in report["processes"] if row["name"] != "cpu_policy_server"}
+    assert softs.pop("manager") == 1024 and set(softs.values()) == {servers_soft}
+    # ... and the episodes queued in the manager's connector: at most 153 to the one agent at a time.
+    manager = next(row for row in report["processes"] if row["name"] == "manager")
+    assert manager["peak_fds"] < 153 + 150, manager
+
+
+# ------------------------------------------------------------------------------ the trainer fails or is killed
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+
+import ray
+
+from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+from recipe.nemo_gym.cpu_policy import harness
+from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+tmp, ray_address, mode, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+model_dir = tiny_qwen3_dir()
+config = harness.compose_verl_config(
+    harness.cpu_trainer_overrides(
+        model_dir, tmp / "plugin.yaml", prompt_length=1024, response_length=256, n=1, batch_size=1
+    )
+)
+ray.init(address=ray_address, log_to_driver=False)
+
+
+def trainer(address, policy_pid):
+    manager = NeMoGymAgentLoopManager.create(
+        config=config, llm_client=harness.verl_llm_client(config, [address]), teacher_client=None,
+        reward_loop_worker_handles=None,
+    )
+    (tmp / "ready.json").write_text(json.dumps({"policy_pid": policy_pid}))
+    while not (tmp / "raise_now").exists():
+        time.sleep(0.1)
+    raise RuntimeError("trainer step failed")  # as a failing training step would: nobody calls shutdown()
+
+
+if mode == "exception":
+    # The policy server plays verl's vLLM servers, which the trainer's Ray tears down; here its context does.
+    policy = ScriptedPolicy(rules=[ScriptRule(completion=ScriptCompletion(text="ok"))])
+    with CPUPolicyServer(model_dir, script=policy) as server:
+        trainer(f"{server.host}:{server.port}", server.proc.pid)
+else:
+    trainer(policy_address, None)
+"""
+
+
+def _nemo_gym_servers(head_port: int) -> list[psutil.Process]:
+    """Live NeMo Gym server processes of the configuration with this head port (NeMo Gym puts its whole config,
+    head server included, in each server's environment)."""
+    marker = f"port: {head_port}"
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            config = proc.environ().get("NEMO_GYM_CONFIG_DICT", "")
+        except psutil.Error:
+            continue
+        if marker in config:
+            found.append(proc)
+    return found
+
+
+def _alive(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _start_trainer(tmp: Path, ray_address: str, mode: str, policy_address: str = "-"):
+    head_port = _free_port()
+    env = bench.ENVIRONMENTS["weather"]
+    bench.plugin_yaml(
+        tmp / "plugin.yaml", env, head_port=head_port, log_dir=tmp / "logs", batch_s=60, default_limits=False
+    )
+    child = psutil.Popen(
+        [sys.executable, "-c", CHILD, str(tmp), ray_address, mode, policy_address],
+        cwd=REPO_ROOT,
+        env=_child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (tmp / "ready.json").exists():
+        if child.poll() is not None or time.monotonic() > deadline:
+            child.kill()
+            out, err = child.communicate(timeout=30)
+            pytest.fail(f"the trainer child never got its manager up (rc {child.returncode}):\n{err[-6000:]}")
+        time.sleep(0.2)
+    ready = json.loads((tmp / "ready.json").read_text())
+    family = [p.pid for p in child.children(recursive=True)]
+    servers = [p.pid for p in _nemo_gym_servers(head_port)]
+    assert len(servers) >= 3, servers  # model server, resources server, agent
+    return child, head_port, ready, family, servers
+
+
+def _reap(child: psutil.Popen, pids) -> tuple[int, str]:
+    try:
+        _, err = child.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate(timeout=30)
+    survivors = _alive(pids)
+    for pid in survivors:  # leave the machine clean whatever the assertions below say
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    return child.returncode, err
+
+
+def test_an_exception_in_the_trainer_leaves_no_nemo_gym_or_policy_server_process(tmp_path, ray_address):
+    child, head_port, ready, family, servers = _start_trainer(tmp_path, ray_address, "exception")
+    assert ready["policy_pid"] in family and set(servers) <= set(family)
+    (tmp_path / "raise_now").write_text("")
+    code, err = _reap(child, family)
+    assert code == 1 and "RuntimeError: trainer step failed" in err, err[-3000:]
+    assert _alive(family) == []
+    assert _nemo_gym_servers(head_port) == []
+
+
+def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy):
+    child, head_port, _, family, servers = _start_trainer(
+        tmp_path, ray_address, "sigterm", policy_address=f"{policy.host}:{policy.port}"
+    )
+    child.send_signal(signal.SIGTERM)
+    code, err = _reap(child, family)
+    # The runtime's hook stopped the servers, then chained to the handler before it: Ray's driver handler, which
+    # exits with the signal number.
+    assert code == signal.SIGTERM, err[-3000:]
+    assert _alive(family) == []
+    assert _nemo_gym_servers(head_port) == []
