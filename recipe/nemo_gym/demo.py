@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = tiny_qwen3_dir()
     data = harness.write_jsonl(harness.example_rows(), args.out / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
-        model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=args.n, batch_size=10
+        model_dir, MULTIENV, prompt_length=8192, response_length=256, n=args.n, batch_size=10
     )
     config = harness.compose_verl_config(overrides)
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
