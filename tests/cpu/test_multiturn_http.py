@@ -20,7 +20,8 @@ from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 
 SERVED_NAME = "policy"
-TOOLS = [WEATHER_TOOL]
+# The Responses API (NeMo Gym's side) spells a function tool flat, not nested under "function".
+TOOLS = [{"type": "function", **WEATHER_TOOL["function"], "strict": True}]
 
 
 def _rule(turn: int, text: str, end: str = "eos") -> ScriptRule:
