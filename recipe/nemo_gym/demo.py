@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,10 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2, help="rollouts per prompt (rollout.n)")
     args = parser.parse_args(argv)
 
-    import ray
     from omegaconf import OmegaConf
 
-    from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
     from recipe.nemo_gym.cpu_policy import harness
     from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
     from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
@@ -47,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipe.nemo_gym.metrics import summary_table
 
     args.out.mkdir(parents=True, exist_ok=True)
-    print(
-        "NOTE: the policy is a tiny random-weight Qwen3 model on CPU (real Qwen3 tokenizer and template);", flush=True
-    )
+    print("NOTE: the policy is a tiny random-weight Qwen3 model on CPU (real Qwen3 tokenizer, template).", flush=True)
     print(f"      policy mode: {args.policy}. Rewards measure the plumbing, not a model.", flush=True)
     model_dir = tiny_qwen3_dir()
     data = harness.write_jsonl(harness.example_rows(), args.out / "rows.jsonl")
@@ -61,22 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     script = example_episodes_policy() if args.policy == "scripted" else None
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch, CPUPolicyServer(model_dir, script=script) as server:
-        os.environ.setdefault("NEMO_GYM_VERL_CACHE", str(REPO_ROOT / ".cache"))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=None)
-        manager = None
-        try:
-            llm_client = harness.verl_llm_client(config, [f"{server.host}:{server.port}"])
-            manager = NeMoGymAgentLoopManager.create(
-                config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
-            )
-            _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
-            output = manager.generate_sequences(batch)
-        finally:
-            if manager is not None:
-                manager.shutdown()
-            ray.shutdown()
-        del scratch
+    os.environ.setdefault("NEMO_GYM_VERL_CACHE", str(REPO_ROOT / ".cache"))
+    with CPUPolicyServer(model_dir, script=script) as server, harness.manager_on_cpu_server(config, server) as manager:
+        _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
+        output = manager.generate_sequences(batch)
     elapsed = time.perf_counter() - started
 
     output.save_to_disk(str(args.out / "batch.pt"))

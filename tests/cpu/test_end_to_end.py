@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import psutil
 import pytest
-import ray
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 from verl.utils.config import omega_conf_to_dataclass
 
-from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym.cpu_policy import harness
 from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
@@ -43,18 +41,10 @@ def stack(tmp_path_factory):
     config = harness.compose_verl_config(overrides)
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
     server = CPUPolicyServer(model_dir, script=example_episodes_policy()).start()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    manager = None
     try:
-        llm_client = harness.verl_llm_client(config, [f"{server.host}:{server.port}"])
-        manager = NeMoGymAgentLoopManager.create(
-            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
-        )
-        yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
+        with harness.manager_on_cpu_server(config, server) as manager:
+            yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
     finally:
-        if manager is not None:
-            manager.shutdown()
-        ray.shutdown()
         server.stop()
 
 

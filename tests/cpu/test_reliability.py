@@ -25,10 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
-from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym.cpu_policy import harness
 from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
@@ -466,18 +464,10 @@ failures: {{max_fraction: 0.05}}
     # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     server = CPUPolicyServer(model_dir, script=scripted_policy(model_dir), env=env).start()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    manager = None
     try:
-        llm_client = harness.verl_llm_client(config, [f"{server.host}:{server.port}"])
-        manager = NeMoGymAgentLoopManager.create(
-            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
-        )
-        yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
+        with harness.manager_on_cpu_server(config, server) as manager:
+            yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
     finally:
-        if manager is not None:
-            manager.shutdown()
-        ray.shutdown()
         server.stop()
 
 

@@ -14,6 +14,7 @@ verl's own code path except the GPU engine:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import uuid
@@ -90,6 +91,35 @@ def verl_llm_client(config, addresses: Sequence[str]):
     # reads the addresses (the balancer's keys), so the handle slot stays empty.
     balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={address: None for address in addresses})
     return LLMServerClient(config, load_balancer_handle=balancer)
+
+
+@contextlib.contextmanager
+def manager_on_cpu_server(config, server):
+    """The real manager, created by verl's own `create(...)` call over the CPU policy `server`; shut down on exit.
+
+    Starts a local Ray (2 CPUs) unless one is already connected, and stops only a Ray it started.
+    """
+    import ray
+
+    from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    manager = None
+    try:
+        manager = NeMoGymAgentLoopManager.create(
+            config=config,
+            llm_client=verl_llm_client(config, [f"{server.host}:{server.port}"]),
+            teacher_client=None,
+            reward_loop_worker_handles=None,
+        )
+        yield manager
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        if started_ray:
+            ray.shutdown()
 
 
 def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, Any]]:
