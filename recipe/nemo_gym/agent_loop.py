@@ -26,6 +26,7 @@ from the rollout into the step's logged metrics: they appear as `timing_s/nemo_g
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -41,7 +42,7 @@ from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBu
 from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.metrics import environment_metrics
-from recipe.nemo_gym.packing import Episode, PackStats, episode_from_result, pack_batch
+from recipe.nemo_gym.packing import BatchPacker, Episode, PackStats, episode_from_result
 from recipe.nemo_gym.rollout_requests import build_example, sampling_from_rollout_config
 from recipe.nemo_gym.verl_servers import discover_policy_servers
 
@@ -137,38 +138,44 @@ class NeMoGymAgentLoopManager:
         sampling = sampling_from_rollout_config(self.rollout_config, validate=validate)
         examples = [build_example(row, sampling) for row in rows]
 
-        timeouts = self.plugin_config.timeouts
-        results = await self._runtime.collect(
-            examples, deadline_s=timeouts.batch_s, health_check_interval_s=timeouts.health_check_interval_s
-        )
-        t_collected = time.perf_counter()
-
-        outcomes: list[Episode | EpisodeFailure] = []
-        for row, result in enumerate(results):
-            if isinstance(result, EpisodeFailure):
-                outcomes.append(result)
-                continue
-            try:
-                outcomes.append(episode_from_result(result, max_prompt_length=self.prompt_length))
-            except EpisodeDataError as e:
-                outcomes.append(EpisodeFailure(e.cause, e.detail, row=row))
-        failures = [o for o in outcomes if isinstance(o, EpisodeFailure)]
-        for failure in failures:
-            logger.warning("NeMo Gym episode failed and is masked: %s", failure)
-        self.last_results = results
-        self.budget.check(failures, len(outcomes))
-
-        packed = pack_batch(
-            outcomes,
+        packer = BatchPacker(
+            len(examples),
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             pad_token_id=self.pad_token_id,
-            fallback_prompt_ids=[
-                self._prompt_ids(row) if isinstance(o, EpisodeFailure) else None
-                for row, o in zip(rows, outcomes, strict=True)
-            ],
-            data_sources=_data_sources(prompts, rows),
         )
+        # The batch's output memory is first touched in a worker thread while NeMo Gym runs, not after it.
+        prefaulted = asyncio.get_running_loop().run_in_executor(None, packer.prefault)
+        timeouts = self.plugin_config.timeouts
+        try:
+            results = await self._runtime.collect(
+                examples, deadline_s=timeouts.batch_s, health_check_interval_s=timeouts.health_check_interval_s
+            )
+        finally:
+            await prefaulted
+        t_collected = time.perf_counter()
+
+        # Each episode is read and written into its row at once, so no episode's arrays outlive its row.
+        sources = _data_sources(prompts, rows)
+        failures: list[EpisodeFailure] = []
+        for row, result in enumerate(results):
+            outcome: Episode | EpisodeFailure
+            if isinstance(result, EpisodeFailure):
+                outcome = result
+            else:
+                try:
+                    outcome = episode_from_result(result, max_prompt_length=self.prompt_length)
+                except EpisodeDataError as e:
+                    outcome = EpisodeFailure(e.cause, e.detail, row=row)
+            fallback = None
+            if isinstance(outcome, EpisodeFailure):
+                logger.warning("NeMo Gym episode failed and is masked: %s", outcome)
+                failures.append(outcome)
+                fallback = self._prompt_ids(rows[row])
+            packer.add(row, outcome, fallback_prompt_ids=fallback, data_source=sources[row])
+        self.last_results = results
+        self.budget.check(failures, len(results))
+        packed = packer.finish()
         t_packed = time.perf_counter()
         self.last_stats = packed.stats
         timing = {

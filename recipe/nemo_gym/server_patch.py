@@ -5,15 +5,24 @@ Contract:
   `vllm.renderers.online_renderer.OnlineRenderer` (0.25 and later) if present, else
   `vllm.entrypoints.serve.render.serving.OpenAIServingRender` (0.20 to 0.24; checked against 0.24.0). Both
   chat completions and `/tokenize` go through that one method. `install()` is idempotent. On a vLLM that has
-  neither, or whose method does not take the arguments this wrapper relies on, it raises
-  `UnsupportedVLLMError` naming the version: at start, never at the first request.
+  neither, whose method does not take the arguments this wrapper relies on, or whose renderer lacks the
+  template-only step the prefix render uses, it raises `UnsupportedVLLMError` naming the version: at start,
+  never at the first request.
 - A request whose messages carry no token IDs is passed to vLLM's method untouched: its output is exactly
   unpatched vLLM's.
 - A request whose messages carry them (NeMo Gym's `vllm_model` server with `return_token_id_information`)
-  is rendered twice by vLLM's own method: as sent, and a copy with the history up to the last assistant
-  message carrying IDs and no generation prompt. The prompt IDs are then replaced with
-  `recipe.nemo_gym.splice.splice_prompt_ids(...)`; the rules are in `recipe.nemo_gym.splice`. A refusal
-  raises `SpliceError` (a ValueError), which vLLM answers as HTTP 400 with the message.
+  costs one extra chat template render and no extra tokenization: vLLM's own method renders and tokenizes
+  the request as sent (the full render); then a copy of the request with the history up to the last
+  assistant message carrying IDs and no generation prompt is rendered to text only (the prefix render),
+  and its EOS tokens are counted on that text (`recipe.nemo_gym.splice.count_eos_in_text`, when the EOS is a
+  special token and guarded by the full render's text and IDs; otherwise the prefix text is tokenized and
+  IDs are counted). The prompt IDs are then replaced with `recipe.nemo_gym.splice.splice_with_eos_count(...)`;
+  the rules are in `recipe.nemo_gym.splice`. A refusal raises `SpliceError` (a ValueError), which vLLM
+  answers as HTTP 400 with the message.
+- The spliced engine input's prompt text (`engine_input["prompt"]`) is the decoded text of the spliced IDs
+  where vLLM reads it, i.e. when the request asks for `return_prompt_text` or requests are logged; otherwise
+  it is left out (vLLM then treats the prompt as token IDs only, as for a pre-tokenized prompt), because the
+  full render's text is not the text of the spliced IDs and decoding them is not free.
 - EOS is the tokenizer's `eos_token_id`, unless the environment variable `NEMO_GYM_SPLICE_EOS_TOKEN_ID` names
   another ID (for tokenizers whose EOS is not the chat template's turn terminator, e.g. Qwen base models).
 - Not covered: harmony (gpt-oss) chat completions, which vLLM renders without `preprocess_chat`; multimodal
@@ -33,7 +42,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from recipe.nemo_gym.splice import SpliceError, find_true_prefix, has_token_ids, splice_prompt_ids
+from recipe.nemo_gym.splice import (
+    SpliceError,
+    count_eos_in_text,
+    find_true_prefix,
+    has_token_ids,
+    splice_with_eos_count,
+)
 
 EOS_OVERRIDE_ENV = "NEMO_GYM_SPLICE_EOS_TOKEN_ID"
 
@@ -44,7 +59,17 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("vllm.entrypoints.serve.render.serving", "OpenAIServingRender"),  # vLLM 0.20 - 0.24
 )
 # The wrapper reads these by name; a method without them is a vLLM this patch was not written for.
-REQUIRED_PARAMETERS = ("request", "messages", "default_template_kwargs", "tool_dicts", "parser")
+REQUIRED_PARAMETERS = (
+    "request",
+    "messages",
+    "default_template",
+    "default_template_content_format",
+    "default_template_kwargs",
+    "tool_dicts",
+    "parser",
+)
+# The prefix render calls this step of vLLM's renderer directly (see `_render_prefix_template`).
+RENDERER_MODULE, RENDERER_CLASS, RENDERER_TEMPLATE_STEP = "vllm.renderers", "BaseRenderer", "render_messages_async"
 _PATCHED_FLAG = "__nemo_gym_splice_original__"
 
 
@@ -82,12 +107,25 @@ def resolve_target(import_module: Callable[[str], Any] = importlib.import_module
                 f"without {missing}; the token-exact splice patch supports vLLM 0.20 to 0.24 "
                 f"(OpenAIServingRender) and 0.25+ (OnlineRenderer) and was checked against 0.24.0"
             )
+        _check_renderer_step(import_module)
         return cls
     raise UnsupportedVLLMError(
         f"vLLM {vllm_version()} is not supported by the token-exact splice patch: none of {tried} exists "
         f"(supported: 0.20 to 0.24 with OpenAIServingRender.preprocess_chat, 0.25+ with "
         f"OnlineRenderer.preprocess_chat; checked against 0.24.0)"
     )
+
+
+def _check_renderer_step(import_module: Callable[[str], Any]) -> None:
+    try:
+        base = getattr(import_module(RENDERER_MODULE), RENDERER_CLASS, None)
+    except ImportError:
+        base = None
+    if not callable(getattr(base, RENDERER_TEMPLATE_STEP, None)):
+        raise UnsupportedVLLMError(
+            f"vLLM {vllm_version()}: {RENDERER_MODULE}.{RENDERER_CLASS}.{RENDERER_TEMPLATE_STEP} is missing; the "
+            f"token-exact splice patch renders the history prefix with it (checked against vLLM 0.24.0)"
+        )
 
 
 def is_installed() -> bool:
@@ -121,20 +159,104 @@ def _eos_token_id(serving: Any) -> int:
     return eos
 
 
+def _materialise_tool_calls(messages: list[Any]) -> None:
+    """Tool calls may be one-shot iterators (in-process callers; HTTP requests already hold lists); both
+    renders must see them, so they are turned into lists in place before the first."""
+    for message in messages:
+        if isinstance(message, dict):
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                message["tool_calls"] = list(calls)
+
+
 def _prefix_request(request: Any) -> Any:
     """A shallow copy of the request that renders with no generation prompt and nothing pre-filled.
 
     Set as fields of the copy, not passed as default template keywords: vLLM merges request fields over
     defaults, so a default `add_generation_prompt=False` would be overridden by the request's own `True`.
-    `kv_transfer_params` is cleared because newer vLLM pops pre-tokenized IDs out of it while rendering.
     """
     fields = getattr(type(request), "model_fields", {})
-    update = {
-        k: v
-        for k, v in (("add_generation_prompt", False), ("continue_final_message", False), ("kv_transfer_params", None))
-        if k in fields
-    }
+    update = {k: False for k in ("add_generation_prompt", "continue_final_message") if k in fields}
     return request.model_copy(update=update)
+
+
+async def _render_prefix_template(serving: Any, arguments: dict[str, Any], request: Any, messages: list[Any]) -> Any:
+    """The prefix render as vLLM's renderer produces it before tokenizing: `{"prompt": text}` for HF templates,
+    `{"prompt_token_ids": ids}` for renderers that tokenize while rendering (Mistral, prompt embeds).
+
+    The one place that reaches below `preprocess_chat`. vLLM has no public call that applies a chat template
+    without tokenizing the result, and tokenizing the prefix render (most of the request) only to count its
+    EOS tokens costs about a third of vLLM's own preprocessing time. So this does what `preprocess_chat` does before its
+    `renderer.render_chat_async` call (merge the template defaults, build `ChatParams` from the request) and
+    then calls the first step of that call, `renderer.render_messages_async` (parse the messages, apply the
+    template once). Checked against vLLM 0.24.0 (`OpenAIServingRender.preprocess_chat`); vLLM 0.25+'s
+    `OnlineRenderer.preprocess_chat` builds its `ChatParams` the same way and holds the same `renderer` and
+    `model_config` attributes, and `install()` refuses a vLLM whose renderer lacks `render_messages_async`.
+    """
+    from vllm.renderers import merge_kwargs
+    from vllm.utils.mistral import is_mistral_tokenizer
+
+    renderer, model_config = serving.renderer, serving.model_config
+    mm_config = model_config.multimodal_config
+    template_kwargs = merge_kwargs(
+        arguments["default_template_kwargs"],
+        dict(
+            tools=arguments["tool_dicts"],
+            tokenize=is_mistral_tokenizer(renderer.tokenizer) or model_config.enable_prompt_embeds,
+        ),
+    )
+    chat_params = request.build_chat_params(
+        arguments["default_template"], arguments["default_template_content_format"]
+    ).with_defaults(
+        template_kwargs,
+        default_media_io_kwargs=mm_config.media_io_kwargs if mm_config else None,
+        default_mm_processor_kwargs=getattr(request, "mm_processor_kwargs", None),
+    )
+    _, prompt = await renderer.render_messages_async(messages, chat_params)
+    return prompt
+
+
+def _prefix_eos_count(tokenizer: Any, prefix: Any, engine_input: Any, eos: int, add_special_tokens: bool) -> int:
+    """N, the number of EOS tokens in the prefix render, counted without tokenizing it where that is safe."""
+    if "prompt_token_ids" in prefix:  # the renderer tokenized while rendering
+        return list(prefix["prompt_token_ids"]).count(eos)
+    text = prefix["prompt"]
+    full_text = engine_input.get("prompt")
+    # Only a special (added) token is matched as a whole wherever its text appears; an ordinary vocabulary
+    # token's text can also sit inside other tokens ("." in ".py"), so its count is always taken on IDs.
+    if isinstance(full_text, str) and eos in getattr(tokenizer, "all_special_ids", ()):
+        n = count_eos_in_text(text, full_text, engine_input["prompt_token_ids"], tokenizer.decode([eos]), eos)
+        if n is not None:
+            return n
+    # The text cannot be trusted to give the count (or the full render came without text): tokenize the prefix
+    # render as vLLM tokenizes a chat prompt, without truncation, and count IDs. Correct, only slower.
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens).count(eos)
+
+
+def _token_engine_input(engine_inputs: list[Any]) -> Any:
+    if len(engine_inputs) != 1:
+        raise SpliceError(f"expected one rendered prompt, got {len(engine_inputs)}")
+    engine_input = engine_inputs[0]
+    if engine_input.get("type", "token") != "token" or "prompt_token_ids" not in engine_input:
+        raise SpliceError(f"token-exact splice supports text prompts only, got a {engine_input.get('type')!r} prompt")
+    return engine_input
+
+
+def _set_prompt_text(serving: Any, request: Any, engine_input: Any) -> None:
+    """Make `engine_input["prompt"]` the text of the spliced IDs where vLLM reads it, else leave it out.
+
+    vLLM 0.24 reads the prompt text of a chat request only to log it (`--enable-log-requests`) and to return
+    it (`return_prompt_text`, and `RequestOutput.prompt`, which chat completions use for nothing else). The
+    full render's text vLLM put there is not the text of the spliced IDs, and decoding them is not free (0.9 ms
+    of the 6 ms vLLM spends on a 32-turn history in `benchmarks/bench_splice.py`), so the text is decoded only
+    when one of those will read it.
+    """
+    if "prompt" not in engine_input:
+        return
+    if getattr(request, "return_prompt_text", False) or getattr(serving, "request_logger", None) is not None:
+        engine_input["prompt"] = serving.renderer.tokenizer.decode(engine_input["prompt_token_ids"])
+    else:
+        del engine_input["prompt"]
 
 
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,42 +268,28 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         messages = bound.arguments["messages"]
         if not has_token_ids(messages):
             return await original(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
 
-        # Tool calls may be one-shot iterators (in-process callers; HTTP requests already hold lists); both
-        # renders below must see them, so materialise them in place before the first.
-        for message in messages:
-            if isinstance(message, dict):
-                calls = message.get("tool_calls")
-                if calls is not None and not isinstance(calls, list):
-                    message["tool_calls"] = list(calls)
-
+        _materialise_tool_calls(messages)
         true_prefix = find_true_prefix(messages)
         assert true_prefix is not None  # has_token_ids was true
-        prefix_args = dict(bound.arguments)
-        prefix_args["request"] = _prefix_request(bound.arguments["request"])
-        prefix_args["messages"] = list(messages[: true_prefix.message_index + 1])
-        # No tool parser for the prefix render: it only adjusts the (copied) request for generation.
-        prefix_args["parser"] = None
+        # Copied before the full render: vLLM's tool parser may adjust the request it is given.
+        prefix_request = _prefix_request(arguments["request"])
 
         conversation, engine_inputs = await original(self, *args, **kwargs)
-        _, prefix_inputs = await original(**prefix_args)
-        if len(engine_inputs) != 1 or len(prefix_inputs) != 1:
-            raise SpliceError(f"expected one rendered prompt, got {len(engine_inputs)} and {len(prefix_inputs)}")
-        engine_input = engine_inputs[0]
-        if engine_input.get("type", "token") != "token" or "prompt_token_ids" not in engine_input:
-            raise SpliceError(
-                f"token-exact splice supports text prompts only, got a {engine_input.get('type')!r} prompt"
-            )
-        ids = splice_prompt_ids(
-            true_prefix.token_ids,
-            prefix_inputs[0]["prompt_token_ids"],
-            engine_input["prompt_token_ids"],
-            _eos_token_id(self),
+        engine_input = _token_engine_input(engine_inputs)
+        eos = _eos_token_id(self)
+        prefix = await _render_prefix_template(
+            self, arguments, prefix_request, list(messages[: true_prefix.message_index + 1])
         )
-        engine_input["prompt_token_ids"] = ids
-        if "prompt" in engine_input:
-            # Keep the logged / `return_prompt_text` prompt truthful: it is the text of the spliced IDs.
-            engine_input["prompt"] = self.renderer.tokenizer.decode(ids)
+        n = _prefix_eos_count(
+            self.renderer.tokenizer, prefix, engine_input, eos, getattr(prefix_request, "add_special_tokens", False)
+        )
+        engine_input["prompt_token_ids"] = splice_with_eos_count(
+            true_prefix.token_ids, n, engine_input["prompt_token_ids"], eos
+        )
+        _set_prompt_text(self, arguments["request"], engine_input)
         return conversation, engine_inputs
 
     setattr(preprocess_chat, _PATCHED_FLAG, original)

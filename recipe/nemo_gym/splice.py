@@ -12,6 +12,8 @@ server sends back, on the assistant message of each model call, that call's `pro
 where N is the number of EOS tokens in the *prefix render*: the history up to and including that assistant
 message, rendered with no generation prompt. Counting EOS tokens, not comparing positions, is what survives
 templates that render earlier turns differently from the turn itself (Qwen3 strips reasoning from history).
+Only N is read from the prefix render, so it need not be tokenized: `count_eos_in_text` counts the EOS
+token's text in it, guarded by the full render's own text and IDs, and `splice_with_eos_count` takes N.
 
 Rules (each refusal is a `SpliceError` naming the rule and showing the counts):
 
@@ -36,7 +38,8 @@ G1 = `<think>\\nr\\n</think>\\n\\na<|im_end|>`. The true prefix T = P1 + G1 hold
 - full render F = `<|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\na<|im_end|>\\n`
   `<|im_start|>user\\nok<|im_end|>\\n<|im_start|>assistant\\n`  (reasoning stripped from history)
 - prefix render = `<|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n<think>\\nr\\n</think>\\n\\na<|im_end|>\\n`
-  (reasoning kept: it is the last turn there), so N = 2.
+  (reasoning kept: it is the last turn there), so N = 2. The text is enough: F's text holds 3 `<|im_end|>`
+  and F's IDs 3 EOS, so each `<|im_end|>` in the text is one EOS ID and the prefix render's text gives N.
 - Guard: T without its trailing EOS holds 1 EOS = N - 1. The 2nd EOS of F is the one after `a`.
 - Output = P1 + `<think>\\nr\\n</think>\\n\\na` (the model's tokens minus their EOS), then F from that EOS:
   `<|im_end|>\\n<|im_start|>user\\nok<|im_end|>\\n<|im_start|>assistant\\n`.
@@ -172,11 +175,25 @@ def splice_prompt_ids(
     `prefix_render` the history through that turn rendered with no generation prompt, `full_render` the
     request rendered as usual. See the module docstring for the rules and a worked example.
     """
-    n = prefix_render.count(eos_token_id)
-    if n == 0:
+    return splice_with_eos_count(true_prefix, prefix_render.count(eos_token_id), full_render, eos_token_id)
+
+
+def splice_with_eos_count(
+    true_prefix: Sequence[int],
+    prefix_eos_count: int,
+    full_render: Sequence[int],
+    eos_token_id: int,
+) -> list[int]:
+    """`splice_prompt_ids` given N, the prefix render's EOS count, instead of the prefix render's IDs.
+
+    N is all the splice reads from the prefix render, so a caller that can count it without tokenizing the
+    prefix render (`count_eos_in_text`) need not tokenize it.
+    """
+    n = prefix_eos_count
+    if n <= 0:
         raise SpliceError(
-            f"rule 1 (EOS ends each turn) failed: the prefix render ({len(prefix_render)} tokens) contains no "
-            f"EOS token {eos_token_id}, so it is not this chat template's turn terminator"
+            f"rule 1 (EOS ends each turn) failed: the prefix render contains no EOS token {eos_token_id}, so it "
+            f"is not this chat template's turn terminator"
         )
     kept = list(true_prefix)
     ended_on_eos = bool(kept) and kept[-1] == eos_token_id
@@ -199,3 +216,24 @@ def splice_prompt_ids(
         )
     kept.extend(full_render[cut:])
     return kept
+
+
+def count_eos_in_text(
+    prefix_text: str,
+    full_text: str,
+    full_render: Sequence[int],
+    eos_text: str,
+    eos_token_id: int,
+) -> int | None:
+    """N counted on the prefix render's text, or None where the text cannot be trusted to give it.
+
+    Tokenizing the prefix render only to count its EOS tokens costs as much as tokenizing the request, so the
+    count is taken on the text: when the EOS is a special (added) token, every occurrence of its text
+    tokenizes to exactly one EOS ID, whatever surrounds it. That is checked on this very request, whose full
+    render is at hand as both text and IDs: its text must hold as many `eos_text` as its IDs hold
+    `eos_token_id`. Otherwise (the EOS is an ordinary vocabulary token, the tokenizer splits special tokens,
+    ...) the answer is None and the caller must tokenize the prefix render and count IDs.
+    """
+    if not eos_text or full_text.count(eos_text) != full_render.count(eos_token_id):
+        return None
+    return prefix_text.count(eos_text)

@@ -18,6 +18,7 @@ from verl.workers.config.actor import FSDPActorConfig
 
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCause
 from recipe.nemo_gym.packing import (
+    BatchPacker,
     Episode,
     Segment,
     SegmentKind,
@@ -268,6 +269,37 @@ def test_rows_keep_the_order_of_outcomes_after_completion_order_is_undone():
     assert packed.batch["rm_scores"].tolist() == [[0.0], [1.0], [0.0], [3.0]]
 
 
+def test_batch_packer_prefaulted_and_filled_in_completion_order_equals_pack_batch_in_row_order():
+    outcomes = [
+        episode_from_result(synthetic_result(MULTI, reward=0.5, agent_name="a")),
+        EpisodeFailure(FailureCause.SERVER_ERROR, "dead", row=1),
+        episode_from_result(synthetic_result([CALL_1], reward=1.0, agent_name="b")),
+    ]
+    fallbacks = [None, [7, 8, 9], None]
+    expected = pack_batch(outcomes, prompt_length=3, response_length=6, pad_token_id=PAD, fallback_prompt_ids=fallbacks)
+    packer = BatchPacker(3, prompt_length=3, response_length=6, pad_token_id=PAD)
+    packer.prefault()  # what the manager does during the rollout wait: it must not change a single value
+    for row in (2, 0, 1):
+        packer.add(row, outcomes[row], fallback_prompt_ids=fallbacks[row])
+    packed = packer.finish()
+    assert packed_tensors(packed.data) == packed_tensors(expected.data)
+    # The failed row has no agent name and no input data_source was given, so data_source is left out.
+    assert "data_source" not in packed.data.non_tensor_batch
+    assert packed.stats.failure_cause.tolist() == ["", "server_error", ""]
+
+
+def test_batch_packer_refuses_a_row_twice_a_row_outside_and_a_batch_with_rows_missing():
+    episode = episode_from_result(synthetic_result([CALL_1]))
+    packer = BatchPacker(3, prompt_length=2, response_length=2, pad_token_id=PAD)
+    packer.add(1, episode)
+    with pytest.raises(ValueError, match="row 1 was already packed"):
+        packer.add(1, episode)
+    with pytest.raises(ValueError, match="row 3 is outside the batch of 3"):
+        packer.add(3, episode)
+    with pytest.raises(ValueError, match="2 of 3 rows were never packed \\(first: \\[0, 2\\]\\)"):
+        packer.finish()
+
+
 @pytest.mark.parametrize(
     ("pairs", "message"),
     [
@@ -406,6 +438,55 @@ def test_result_that_is_not_a_dict_raises_missing_generation():
     with pytest.raises(EpisodeDataError, match="result is list, not a dict") as raised:
         episode_from_result([])
     assert raised.value.cause is FailureCause.MISSING_GENERATION
+
+
+def test_every_token_of_every_earlier_call_is_checked():
+    """Changing any one token of any call but the last breaks contiguity at that call (the check is exact)."""
+    for index, key in [(0, "prompt_token_ids"), (0, "generation_token_ids"), (1, "prompt_token_ids"),
+                       (1, "generation_token_ids"), (2, "prompt_token_ids")]:  # fmt: skip
+        tokens = calls_of(synthetic_result(MULTI))[index][key]
+        # The last prompt is only checked against what came before it, which covers its first 8 tokens.
+        positions = range(8) if index == 2 else range(len(tokens))
+        for position in positions:
+            result = synthetic_result(MULTI)
+            calls_of(result)[index][key][position] += 1000
+            with pytest.raises(EpisodeDataError, match="do not extend") as raised:
+                episode_from_result(result)
+            assert raised.value.cause is FailureCause.CONTIGUITY_BROKEN, (index, key, position)
+
+
+@pytest.mark.parametrize(
+    ("call", "key", "value", "message"),
+    [
+        (
+            0,
+            "prompt_token_ids",
+            [11, 12.0],
+            "model call 1: prompt_token_ids\\[1\\] is 12.0 \\(float\\): token ids",
+        ),
+        (1, "generation_token_ids", [-41], "model call 2: generation_token_ids\\[0\\]: negative token id -41"),
+        (2, "generation_token_ids", [61, 2**63], f"generation_token_ids\\[1\\] is {2**63}: token ids are not all 64"),
+        (2, "generation_token_ids", [61, 2**64], f"generation_token_ids\\[1\\] is {2**64}: token ids are not all 64"),
+        (2, "prompt_token_ids", None, "model call 3 .*prompt_token_ids is NoneType, not a list"),
+    ],
+    ids=["float_in_first_prompt", "negative_generation", "over_int64", "over_uint64", "null_prompt"],
+)
+def test_a_token_that_is_not_a_64_bit_id_is_named_by_call_list_and_position(call, key, value, message):
+    result = synthetic_result(MULTI)
+    calls_of(result)[call][key] = value
+    with pytest.raises(EpisodeDataError, match=message) as raised:
+        episode_from_result(result)
+    assert raised.value.cause is FailureCause.MISSING_GENERATION
+
+
+def test_a_call_that_generated_nothing_keeps_the_segments_contiguous():
+    calls = [([1, 2], [], []), ([1, 2, 3], [4], [-0.5])]
+    episode = episode_from_result(synthetic_result(calls))
+    assert [(s.kind.value, s.start, s.stop) for s in episode.segments] == [
+        ("prompt", 0, 2), ("generation", 2, 2), ("prompt", 2, 3), ("generation", 3, 4)
+    ]  # fmt: skip
+    assert episode.token_ids.tolist() == [1, 2, 3, 4]
+    assert episode.response_mask.tolist() == [False, True]
 
 
 def test_episode_is_frozen():

@@ -307,12 +307,102 @@ def test_tool_calls_given_as_one_shot_iterators_are_rendered_twice_correctly(ser
     assert engine_input["prompt_token_ids"] == expected
 
 
-def test_spliced_prompt_text_is_the_text_of_the_spliced_ids(serving, tok):
+def _reasoning_history(serving, tok):
+    """A turn whose reasoning the template strips from history: the spliced IDs keep it, the full render not."""
     history = [{"role": "user", "content": "Hi."}]
     prompt = chat_ids(serving, history)
-    history += [assistant("Hey!", prompt, per_char(tok, "Hey!") + [EOS]), {"role": "user", "content": "Bye."}]
+    text = "<think>\nGreet back.\n</think>\n\nHey!"
+    history += [assistant(text, prompt, enc(tok, text) + [EOS]), {"role": "user", "content": "Bye."}]
+    return history
+
+
+def test_spliced_prompt_text_is_left_out_when_vllm_would_not_read_it(serving, tok):
+    """vLLM's text there is the full render's, which is not the text of the spliced IDs (here it lacks the
+    reasoning), and vLLM 0.24 reads it only to log it or to return it (`return_prompt_text`). Without either
+    it is left out rather than decoded, and the engine gets a prompt of token IDs only."""
+    history = _reasoning_history(serving, tok)
+    with unpatched():
+        _, vllm_input = chat_render(serving, history)
+    assert "<think>" not in vllm_input["prompt"]
     _, engine_input = chat_render(serving, history)
+    assert engine_input.keys() == vllm_input.keys() - {"prompt"}
+    assert THINK in engine_input["prompt_token_ids"]
+
+
+def test_spliced_prompt_text_is_the_text_of_the_spliced_ids_when_return_prompt_text_is_set(serving, tok):
+    _, engine_input = chat_render(serving, _reasoning_history(serving, tok), return_prompt_text=True)
     assert engine_input["prompt"] == tok.decode(engine_input["prompt_token_ids"])
+    assert "<think>\nGreet back.\n</think>\n\nHey!<|im_end|>" in engine_input["prompt"]
+
+
+def test_spliced_prompt_text_is_the_text_of_the_spliced_ids_when_requests_are_logged(serving, tok, monkeypatch):
+    from vllm.entrypoints.serve.utils.request_logger import RequestLogger
+
+    monkeypatch.setattr(serving[0], "request_logger", RequestLogger(max_log_len=None))
+    _, engine_input = chat_render(serving, _reasoning_history(serving, tok))
+    assert engine_input["prompt"] == tok.decode(engine_input["prompt_token_ids"])
+    assert "<think>\nGreet back.\n</think>\n\nHey!<|im_end|>" in engine_input["prompt"]
+
+
+@contextlib.contextmanager
+def counted_tokenizer_calls(tok):
+    """Counts of the tokenizer's `apply_chat_template` (every template render) and `encode` calls."""
+    counts = {"apply_chat_template": 0, "encode": 0}
+
+    def counting(name):
+        method = getattr(tok, name)
+
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return method(*args, **kwargs)
+
+        return call
+
+    for name in counts:
+        setattr(tok, name, counting(name))  # an instance attribute shadows the method; `del` restores it
+    try:
+        yield counts
+    finally:
+        for name in counts:
+            delattr(tok, name)
+
+
+def test_spliced_request_costs_one_extra_template_render_and_no_extra_tokenization(serving, tok):
+    history = _reasoning_history(serving, tok)
+    with unpatched(), counted_tokenizer_calls(tok) as vllm_counts:
+        chat_ids(serving, history)
+    with counted_tokenizer_calls(tok) as counts:
+        chat_ids(serving, history)
+    assert vllm_counts == {"apply_chat_template": 1, "encode": 1}
+    assert counts == {"apply_chat_template": 2, "encode": 1}
+
+
+def test_prefix_eos_count_is_taken_on_the_text_without_tokenizing_when_the_full_render_agrees(tok):
+    prefix_text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+    full_text = prefix_text + "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
+    full = {"prompt": full_text, "prompt_token_ids": enc(tok, full_text)}
+    with counted_tokenizer_calls(tok) as counts:
+        assert server_patch._prefix_eos_count(tok, {"prompt": prefix_text}, full, EOS, False) == 2
+    assert counts["encode"] == 0
+
+
+def test_prefix_eos_count_tokenizes_the_prefix_when_the_eos_text_does_not_map_to_one_token(tok):
+    """A token whose text also occurs inside other tokens: counting the text would give 2, the IDs hold 1."""
+    (dot,) = enc(tok, ".")
+    text = "see main.py now."
+    assert text.count(".") == 2 and enc(tok, text).count(dot) == 1
+    full = {"prompt": text, "prompt_token_ids": enc(tok, text)}
+    assert server_patch._prefix_eos_count(tok, {"prompt": text}, full, dot, False) == 1
+
+
+def test_prefix_eos_count_tokenizes_the_prefix_when_the_full_render_has_no_text(tok):
+    text = "<|im_start|>user\nhi<|im_end|>\n"
+    assert server_patch._prefix_eos_count(tok, {"prompt": text}, {"prompt_token_ids": enc(tok, text)}, EOS, False) == 1
+
+
+def test_prefix_eos_count_counts_ids_when_the_renderer_tokenized_while_rendering(tok):
+    ids = enc(tok, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n")
+    assert server_patch._prefix_eos_count(tok, {"prompt_token_ids": ids}, {"prompt_token_ids": ids}, EOS, False) == 2
 
 
 def test_eos_override_from_environment_is_used(serving, tok, monkeypatch):
@@ -356,7 +446,15 @@ def test_install_refuses_a_vllm_without_a_known_chat_preprocessor_naming_the_ver
 
 def test_install_refuses_a_preprocess_chat_with_another_signature_naming_the_version():
     class OldRender:  # vLLM before `tool_parser` became `parser`
-        async def preprocess_chat(self, request, messages, default_template, default_template_kwargs, tool_parser):
+        async def preprocess_chat(
+            self,
+            request,
+            messages,
+            default_template,
+            default_template_content_format,
+            default_template_kwargs,
+            tool_parser,
+        ):
             raise AssertionError
 
     def fake_import(name):
@@ -365,6 +463,26 @@ def test_install_refuses_a_preprocess_chat_with_another_signature_naming_the_ver
         raise ModuleNotFoundError(name)
 
     with pytest.raises(server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0: .*without \['tool_dicts', 'parser'\]"):
+        server_patch.resolve_target(fake_import)
+
+
+def test_install_refuses_a_renderer_without_the_template_only_step_naming_the_version():
+    from vllm.entrypoints.serve.render import serving as render_serving
+
+    class RendererWithoutTemplateStep:  # a vLLM whose renderer only renders and tokenizes in one call
+        async def render_chat_async(self, *args, **kwargs):
+            raise AssertionError
+
+    def fake_import(name):
+        if name == "vllm.entrypoints.serve.render.serving":
+            return render_serving
+        if name == "vllm.renderers":
+            return types.SimpleNamespace(BaseRenderer=RendererWithoutTemplateStep)
+        raise ModuleNotFoundError(name)
+
+    with pytest.raises(
+        server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0: vllm\.renderers\.BaseRenderer\.render_messages_async"
+    ):
         server_patch.resolve_target(fake_import)
 
 

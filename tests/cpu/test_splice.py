@@ -2,7 +2,15 @@
 
 import pytest
 
-from recipe.nemo_gym.splice import SpliceError, TruePrefix, find_true_prefix, has_token_ids, splice_prompt_ids
+from recipe.nemo_gym.splice import (
+    SpliceError,
+    TruePrefix,
+    count_eos_in_text,
+    find_true_prefix,
+    has_token_ids,
+    splice_prompt_ids,
+    splice_with_eos_count,
+)
 
 EOS = 9
 
@@ -86,6 +94,51 @@ def test_splice_error_is_a_value_error_and_never_reads_as_a_length_finish():
     with pytest.raises(ValueError) as info:
         splice_prompt_ids([1, EOS, 2, EOS, 3, EOS], [1, EOS, 7], [1, EOS, 7, 8], EOS)
     assert "context length" not in str(info.value) and "max_tokens" not in str(info.value)
+
+
+def test_splice_with_eos_count_gives_the_output_of_the_prefix_render_it_counts():
+    # The first example above, with N = 2 given instead of the prefix render [1, 2, EOS, 3, 5, EOS, 7].
+    true_prefix = [1, 2, EOS, 3, 4, EOS]
+    full_render = [1, 2, EOS, 3, 5, EOS, 7, 8, EOS, 3]
+    assert splice_with_eos_count(true_prefix, 2, full_render, EOS) == [1, 2, EOS, 3, 4, EOS, 7, 8, EOS, 3]
+
+
+def test_splice_with_eos_count_refuses_a_count_of_zero_naming_rule_1():
+    with pytest.raises(SpliceError, match=r"rule 1 .*contains no EOS token 9"):
+        splice_with_eos_count([1, 2, EOS], 0, [1, 2, 3, 4], EOS)
+
+
+def test_splice_with_eos_count_refuses_a_count_the_true_prefix_does_not_hold_naming_rule_2():
+    with pytest.raises(SpliceError, match=r"rule 2 .*hold 2 EOS.*holds 3"):
+        splice_with_eos_count([1, EOS, 2, EOS], 3, [1, EOS, 2, EOS, 3, EOS, 4], EOS)
+
+
+# -- N counted on the prefix render's text ----------------------------------------------------------------------
+
+EOS_TEXT = "<e>"  # the text of EOS token 9 in these tests
+
+
+def test_count_eos_in_text_counts_the_eos_text_when_the_full_render_text_and_ids_agree():
+    full_text, full_ids = "<e>a<e>c<e>d", [9, 1, 9, 2, 9, 3]
+    assert count_eos_in_text("<e>a<e>bb<e>", full_text, full_ids, EOS_TEXT, EOS) == 3
+
+
+def test_count_eos_in_text_counts_zero_when_neither_render_holds_eos():
+    assert count_eos_in_text("ab", "abc", [1, 2, 3], EOS_TEXT, EOS) == 0
+
+
+def test_count_eos_in_text_distrusts_a_full_render_whose_text_holds_more_eos_text_than_its_ids_hold_eos():
+    # One "<e>" of the text did not tokenize to EOS (e.g. a tokenizer that splits special tokens).
+    assert count_eos_in_text("<e>a<e>b<e>", "<e>a<e>c<e>d", [9, 1, 4, 5, 2, 9, 3], EOS_TEXT, EOS) is None
+
+
+def test_count_eos_in_text_distrusts_a_full_render_whose_ids_hold_an_eos_its_text_does_not_show():
+    # EOS came from text other than "<e>" (e.g. EOS is an ordinary token that also appears inside merges).
+    assert count_eos_in_text("a<e>b", "a</s>c", [1, 9, 3], EOS_TEXT, EOS) is None
+
+
+def test_count_eos_in_text_distrusts_an_empty_eos_text():
+    assert count_eos_in_text("ab", "abc", [1, 2, 3], "", EOS) is None
 
 
 def _assistant(prompt, generation, **extra):
