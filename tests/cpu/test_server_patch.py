@@ -395,6 +395,15 @@ def test_prefix_eos_count_tokenizes_the_prefix_when_the_eos_text_does_not_map_to
     assert server_patch._prefix_eos_count(tok, {"prompt": text}, full, dot, False) == 1
 
 
+def test_prefix_eos_count_of_an_ordinary_token_is_taken_on_ids_even_where_the_full_render_agrees(tok):
+    """The full render's text and IDs agree on '.', but only a special token's text is always one token."""
+    (dot,) = enc(tok, ".")
+    full_text, prefix_text = "Hi. Bye.", "see main.py now."
+    assert full_text.count(".") == enc(tok, full_text).count(dot) == 2
+    full = {"prompt": full_text, "prompt_token_ids": enc(tok, full_text)}
+    assert server_patch._prefix_eos_count(tok, {"prompt": prefix_text}, full, dot, False) == 1
+
+
 def test_prefix_eos_count_tokenizes_the_prefix_when_the_full_render_has_no_text(tok):
     text = "<|im_start|>user\nhi<|im_end|>\n"
     assert server_patch._prefix_eos_count(tok, {"prompt": text}, {"prompt_token_ids": enc(tok, text)}, EOS, False) == 1
