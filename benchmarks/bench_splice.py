@@ -24,6 +24,7 @@ from recipe.nemo_gym import server_patch
 from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.cpu_policy.tokenizer_calls import counted_tokenizer_calls
 
 TOOLS = [WEATHER_TOOL]
 
@@ -79,23 +80,6 @@ def time_requests(render, history: list[dict], repeats: int) -> Timing:
     """Time `render_chat` on this history, counting template renders and tokenizations on the tokenizer."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    tokenizer = render.renderer.tokenizer
-    calls = dict.fromkeys(("apply_chat_template", "encode"), 0)
-
-    def counting(name):
-        method = getattr(tokenizer, name)
-
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return method(*args, **kwargs)
-
-        return call
-
-    # vLLM renders every template through `apply_chat_template` and tokenizes through `encode`, on this object
-    # (from its thread pool); an instance attribute shadows the class's method, and deleting it restores it.
-    for name in calls:
-        setattr(tokenizer, name, counting(name))
-
     async def run() -> tuple[list[float], int]:
         # One event loop for all repeats, as in the server; the request is validated outside the timed
         # region, as FastAPI does before the handler runs.
@@ -108,11 +92,8 @@ def time_requests(render, history: list[dict], repeats: int) -> Timing:
             n_tokens = len(engine_input["prompt_token_ids"])
         return samples, n_tokens
 
-    try:
+    with counted_tokenizer_calls(render.renderer.tokenizer) as calls:
         samples, n_tokens = asyncio.run(run())
-    finally:
-        for name in calls:
-            delattr(tokenizer, name)
     return Timing(
         statistics.median(samples), n_tokens, calls["apply_chat_template"] // repeats, calls["encode"] // repeats
     )

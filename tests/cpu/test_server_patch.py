@@ -22,6 +22,7 @@ from recipe.nemo_gym import server_patch
 from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.cpu_policy.tokenizer_calls import counted_tokenizer_calls
 from recipe.nemo_gym.splice import SpliceError
 
 TOOLS = [WEATHER_TOOL]
@@ -342,29 +343,6 @@ def test_spliced_prompt_text_is_the_text_of_the_spliced_ids_when_requests_are_lo
     _, engine_input = chat_render(serving, _reasoning_history(serving, tok))
     assert engine_input["prompt"] == tok.decode(engine_input["prompt_token_ids"])
     assert "<think>\nGreet back.\n</think>\n\nHey!<|im_end|>" in engine_input["prompt"]
-
-
-@contextlib.contextmanager
-def counted_tokenizer_calls(tok):
-    """Counts of the tokenizer's `apply_chat_template` (every template render) and `encode` calls."""
-    counts = {"apply_chat_template": 0, "encode": 0}
-
-    def counting(name):
-        method = getattr(tok, name)
-
-        def call(*args, **kwargs):
-            counts[name] += 1
-            return method(*args, **kwargs)
-
-        return call
-
-    for name in counts:
-        setattr(tok, name, counting(name))  # an instance attribute shadows the method; `del` restores it
-    try:
-        yield counts
-    finally:
-        for name in counts:
-            delattr(tok, name)
 
 
 def test_spliced_request_costs_one_extra_template_render_and_no_extra_tokenization(serving, tok):
