@@ -7,7 +7,7 @@ round trip so that, as after an HTTP response, every token of every prompt is it
 identity shortcuts in the contiguity comparison). `--distinct` results are built and cycled to fill the
 batch (default: all distinct; lower it to save memory: 1,024 distinct results hold about 2.5 GB).
 
-Each run does what the manager does for a batch: `BatchPacker.prefault` (first touch of the ~1 GB of batch
+Each run does what the manager does for a batch: `BatchPacker.prefault` (first touch of the ~800 MB of batch
 tensors; the manager runs it in a worker thread while NeMo Gym runs), then per result `episode_from_result`
 (read the token lists, check contiguity, convert) and `BatchPacker.add` (write the row), then `finish`.
 Reports milliseconds per episode for each part, from result dicts to the batch (reading + adding + finish: what

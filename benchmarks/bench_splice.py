@@ -4,12 +4,13 @@ Builds vLLM 0.24's own `OpenAIServingRender` for the tiny Qwen3 model directory 
 chat template, CPU device config, hermes tool parser), makes histories of 2, 8 and 32 assistant turns that
 carry NeMo Gym's token IDs (each turn alternating a tool call with its result and a text answer with
 reasoning, generated one token per character so re-tokenization drifts), and times `render_chat` on the
-request for the next turn: the whole chat completions preprocessing. Reports the median over repeats, the
-ratio, the number of chat template renders per request (calls of the tokenizer's `apply_chat_template`,
-through which vLLM applies every template, tokenized or not) and of tokenizations (calls of its `encode`).
+request for the next turn (the whole chat completions preprocessing), unpatched and patched in alternation,
+on one event loop. Reports the median over repeats of each, the ratio, the number of chat template renders per
+request (calls of the tokenizer's `apply_chat_template`, through which vLLM applies every template, tokenized
+or not) and of tokenizations (calls of its `encode`).
 The targets (issue 3): at most one extra template render per request, and under 2x at 32 turns.
 
-    .venv/bin/python benchmarks/bench_splice.py [--repeats 30] [--turns 2 8 32]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_splice.py [--repeats 60] [--turns 2 8 32]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from recipe.nemo_gym import server_patch
 from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym.cpu_policy.tokenizer_calls import counted_tokenizer_calls
+from recipe.nemo_gym.cpu_policy.tokenizer_calls import COUNTED, counted_tokenizer_calls
 
 TOOLS = [WEATHER_TOOL]
 
@@ -76,32 +77,51 @@ class Timing:
     tokenizations: int  # tokenizer `encode` calls per request
 
 
-def time_requests(render, history: list[dict], repeats: int) -> Timing:
-    """Time `render_chat` on this history, counting template renders and tokenizations on the tokenizer."""
+def time_requests(render, history: list[dict], repeats: int) -> tuple[Timing, Timing]:
+    """Time `render_chat` on this history unpatched and patched, counting template renders and tokenizations.
+
+    The two are interleaved request by request (unpatched, patched, unpatched, ...), so that a slow spell of
+    the machine weighs on both sides of the ratio alike.
+    """
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    async def run() -> tuple[list[float], int]:
-        # One event loop for all repeats, as in the server; the request is validated outside the timed
-        # region, as FastAPI does before the handler runs.
-        samples, n_tokens = [], 0
-        for _ in range(repeats):
-            request = ChatCompletionRequest.model_validate({"model": "policy", "messages": history, "tools": TOOLS})
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    calls = {False: dict.fromkeys(COUNTED, 0), True: dict.fromkeys(COUNTED, 0)}
+    n_tokens: dict[bool, int] = {}
+
+    async def one(patched: bool) -> None:
+        # The request is validated outside the timed region, as FastAPI does before the handler runs.
+        request = ChatCompletionRequest.model_validate({"model": "policy", "messages": history, "tools": TOOLS})
+        (server_patch.install if patched else server_patch.uninstall)()
+        with counted_tokenizer_calls(render.renderer.tokenizer) as counts:
             start = time.perf_counter()
             _, (engine_input,) = await render.render_chat(request)
-            samples.append(time.perf_counter() - start)
-            n_tokens = len(engine_input["prompt_token_ids"])
-        return samples, n_tokens
+            samples[patched].append(time.perf_counter() - start)
+        for name in COUNTED:
+            calls[patched][name] += counts[name]
+        n_tokens[patched] = len(engine_input["prompt_token_ids"])
 
-    with counted_tokenizer_calls(render.renderer.tokenizer) as calls:
-        samples, n_tokens = asyncio.run(run())
-    return Timing(
-        statistics.median(samples), n_tokens, calls["apply_chat_template"] // repeats, calls["encode"] // repeats
+    async def run() -> None:  # one event loop for all requests, as in the server
+        for _ in range(repeats):
+            await one(False)
+            await one(True)
+
+    asyncio.run(run())
+    base, patched = (
+        Timing(
+            statistics.median(samples[p]),
+            n_tokens[p],
+            calls[p]["apply_chat_template"] // repeats,
+            calls[p]["encode"] // repeats,
+        )
+        for p in (False, True)
     )
+    return base, patched
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--turns", type=int, nargs="+", default=[2, 8, 32])
     args = parser.parse_args()
 
@@ -114,10 +134,7 @@ def main() -> None:
     )
     for turns in args.turns:
         history = build_history(render, turns)
-        server_patch.uninstall()
-        base = time_requests(render, history, args.repeats)
-        server_patch.install()
-        patched = time_requests(render, history, args.repeats)
+        base, patched = time_requests(render, history, args.repeats)
         print(
             f"{turns:>5} {patched.prompt_tokens:>13} {base.seconds * 1e3:>12.2f} {patched.seconds * 1e3:>10.2f} "
             f"{patched.seconds / base.seconds:>6.2f} {f'{base.renders}->{patched.renders}':>8} "

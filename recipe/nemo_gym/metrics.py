@@ -1,4 +1,4 @@
-"""Per-environment rollout metrics, from the statistics `packing.pack_batch` returns beside each batch.
+"""Per-environment rollout metrics, from the statistics packing returns beside each batch (`PackStats`).
 
 verl 0.9.1 has no channel for a rollout's own training scalars, but it copies every key of the rollout's
 `meta_info["timing"]` into the step's metrics as `timing_s/<key>`, and logs those through every configured

@@ -288,6 +288,29 @@ def test_batch_packer_prefaulted_and_filled_in_completion_order_equals_pack_batc
     assert packed.stats.failure_cause.tolist() == ["", "server_error", ""]
 
 
+def test_add_writes_every_element_of_the_tensors_it_allocates_uninitialised():
+    # prefault() writes one element per page, not the whole tensor: whatever np.empty handed out must be
+    # overwritten by add(). Poison those tensors (rows over a page long) and compare with a clean packing.
+    outcomes = [
+        episode_from_result(synthetic_result(MULTI, reward=0.5)),
+        EpisodeFailure(FailureCause.SERVER_ERROR, "dead", row=1),
+        episode_from_result(synthetic_result([CALL_1], reward=1.0)),
+    ]
+    fallbacks = [None, [7, 8, 9], None]
+    shape = dict(prompt_length=600, response_length=700, pad_token_id=PAD)
+    expected = pack_batch(outcomes, fallback_prompt_ids=fallbacks, **shape)
+    packer = BatchPacker(3, **shape)
+    for tensor in (packer.input_ids, packer.prompts, packer.responses, packer.attention_mask, packer.position_ids):
+        tensor.fill(0x7777)
+    packer.prefault()
+    for row in (1, 2, 0):
+        packer.add(row, outcomes[row], fallback_prompt_ids=fallbacks[row])
+    packed = packer.finish().data
+    for key, value in expected.data.batch.items():
+        assert torch.equal(packed.batch[key], value), key
+    assert not (packed.batch["input_ids"] == 0x7777).any()
+
+
 def test_batch_packer_refuses_a_row_twice_a_row_outside_and_a_batch_with_rows_missing():
     episode = episode_from_result(synthetic_result([CALL_1]))
     packer = BatchPacker(3, prompt_length=2, response_length=2, pad_token_id=PAD)
