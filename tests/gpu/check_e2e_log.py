@@ -6,7 +6,7 @@ loss metric is finite, the reward metric is finite, the episode count is positiv
 count is present and zero. Metric names come from the command line, so the shell script keeps them in one place.
 
 Usage: python check_e2e_log.py LOG --steps N --loss-metric K --reward-metric K --episodes-metric K
-       --contiguity-metric K
+       --contiguity-metric K [--report-metric K ...]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward-metric", required=True)
     parser.add_argument("--episodes-metric", required=True)
     parser.add_argument("--contiguity-metric", required=True)
+    parser.add_argument("--report-metric", action="append", default=[], help="printed per step, not checked")
     args = parser.parse_args(argv)
     steps = parse_step_metrics(args.log.read_text(errors="replace"))
     problems = check_steps(
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             f"step {step}: {args.loss_metric}={m[args.loss_metric]:.6g}"
             f" {args.reward_metric}={m[args.reward_metric]:.4g}"
             f" {args.episodes_metric}={m[args.episodes_metric]:g} {args.contiguity_metric}=0"
+            + "".join(f" {key}={m.get(key, float('nan')):.3g}" for key in args.report_metric)
         )
     print(f"{args.log}: PASSED")
     return 0

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # GPU end-to-end: two real GRPO steps of verl 0.9.1 (`python -m verl.trainer.main_ppo`, DataProto trainer,
-# vLLM rollouts, FSDP) on one GPU, with NeMo Gym's math_with_judge and workplace_assistant environments
-# (recipe/nemo_gym/configs/multienv.yaml) and the tiny random-weight Qwen3 model, launched through
-# submit_multienv.sh exactly as a user would (local mode: no Slurm). Then the console log must show, on every
-# step: a finite loss, a reward, episodes collected, and zero episodes with broken token contiguity.
+# verl's real vLLM rollouts) on one GPU, once with FSDP and once with Megatron, with NeMo Gym's math_with_judge
+# and workplace_assistant environments (recipe/nemo_gym/configs/multienv.yaml) and the tiny random-weight Qwen3
+# model, launched through submit_multienv.sh exactly as a user would (local mode: no Slurm). It is the
+# main_ppo command the CPU tests run (tests/cpu/test_main_ppo.py), with verl's vLLM instead of the CPU backend.
+# Each console log must show, on every step: a finite loss, a reward, episodes collected, zero episodes with
+# broken token contiguity; the actor-vs-rollout probability gap (training/rollout_probs_diff_max) is reported.
 #
-#   tests/gpu/run_gpu_e2e.sh              # needs one GPU and <repo>/.venv (./setup.sh)
-#   DRY_RUN=1 tests/gpu/run_gpu_e2e.sh    # print the trainer's argument list only (the CPU tests do this)
+#   tests/gpu/run_gpu_e2e.sh                   # needs one GPU and <repo>/.venv (./setup.sh)
+#   STRATEGIES=fsdp tests/gpu/run_gpu_e2e.sh   # one engine only (default: "fsdp megatron")
+#   DRY_RUN=1 tests/gpu/run_gpu_e2e.sh         # print the trainer's argument lists only (the CPU tests do this)
 #
-# Environment: VENV (default <repo>/.venv), WORK_DIR (default: a new temporary folder; holds the data,
-# config.env, checkpoints and train.log), MODEL_PATH (default: the tiny model, built on first use).
+# Environment: VENV (default <repo>/.venv), WORK_DIR (default: a new temporary folder; holds the data and, per
+# strategy, config.env, checkpoints and train.log), MODEL_PATH (default: the tiny model, built on first use).
 set -euo pipefail
 
 # Metrics read from verl's console log (names as logged; the NeMo Gym ones arrive under timing_s/).
@@ -17,7 +20,9 @@ LOSS_METRIC="actor/pg_loss"
 REWARD_METRIC="critic/score/mean"
 EPISODES_METRIC="timing_s/nemo_gym/all/episodes"
 CONTIGUITY_METRIC="timing_s/nemo_gym/all/failed/contiguity_broken"
+PROBS_DIFF_METRIC="training/rollout_probs_diff_max"
 TRAINING_STEPS=2
+STRATEGIES="${STRATEGIES:-fsdp megatron}"
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV="${VENV:-$REPO_DIR/.venv}"
@@ -56,15 +61,18 @@ for name in ("train.jsonl", "val.jsonl"):
 print(f"run_gpu_e2e: {len(blend)} rows ({', '.join(sources)})", file=sys.stderr)
 EOF
 
-cat >"$WORK_DIR/config.env" <<EOF
+write_config() {  # strategy -> path of its config.env
+    local dir="$WORK_DIR/$1"
+    mkdir -p "$dir"
+    cat >"$dir/config.env" <<EOF
 MODEL_PATH="$MODEL_PATH"
-CHECKPOINT_DIR="$WORK_DIR/checkpoints"
+CHECKPOINT_DIR="$dir/checkpoints"
 MULTIENV_TRAIN_FILES="$WORK_DIR/train.jsonl"
 MULTIENV_VAL_FILES="$WORK_DIR/val.jsonl"
 VENV="$VENV"
 NNODES=1
 GPUS_PER_NODE=1
-STRATEGY=fsdp
+STRATEGY=$1
 TRAIN_BATCH_SIZE=4
 ROLLOUT_N=2
 PPO_MINI_BATCH_SIZE=4
@@ -77,13 +85,15 @@ SAVE_FREQ=-1
 TEST_FREQ=-1
 VAL_BEFORE_TRAIN=false
 PROJECT_NAME=nemo_gym_e2e
-EXPERIMENT_NAME=gpu_e2e
+EXPERIMENT_NAME=gpu_e2e_$1
 LOGGER=console
 RAY_PORT=${RAY_PORT:-6391}
 RAY_DASHBOARD_PORT=${RAY_DASHBOARD_PORT:-8275}
 RAY_JOIN_TIMEOUT_S=180
 STOP_GRACE_S=30
 EOF
+    echo "$dir/config.env"
+}
 
 # Small-run settings that config.env does not cover: no CUDA graphs (faster start), no loader processes.
 EXTRA_OVERRIDES=(
@@ -91,18 +101,31 @@ EXTRA_OVERRIDES=(
     data.dataloader_num_workers=0
 )
 
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    CONFIG_ENV="$WORK_DIR/config.env" exec "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}"
+failed=()
+for strategy in $STRATEGIES; do
+    config=$(write_config "$strategy")
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        CONFIG_ENV="$config" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}"
+        continue
+    fi
+    LOG="$WORK_DIR/$strategy/train.log"
+    echo "run_gpu_e2e: training with $strategy in $WORK_DIR/$strategy (log: $LOG)" >&2
+    rc=0
+    CONFIG_ENV="$config" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG" || rc=$?
+    if ((rc != 0)); then
+        echo "run_gpu_e2e: FAILED ($strategy): the training job exited with status $rc (log: $LOG)" >&2
+        failed+=("$strategy")
+        continue
+    fi
+    "$PY" "$REPO_DIR/tests/gpu/check_e2e_log.py" "$LOG" --steps "$TRAINING_STEPS" \
+        --loss-metric "$LOSS_METRIC" --reward-metric "$REWARD_METRIC" \
+        --episodes-metric "$EPISODES_METRIC" --contiguity-metric "$CONTIGUITY_METRIC" \
+        --report-metric "$PROBS_DIFF_METRIC" || failed+=("$strategy")
+done
+if ((${#failed[@]})); then
+    echo "run_gpu_e2e: FAILED: ${failed[*]}" >&2
+    exit 1
 fi
-
-LOG="$WORK_DIR/train.log"
-echo "run_gpu_e2e: training in $WORK_DIR (log: $LOG)" >&2
-rc=0
-CONFIG_ENV="$WORK_DIR/config.env" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG" || rc=$?
-if ((rc != 0)); then
-    echo "run_gpu_e2e: FAILED: the training job exited with status $rc (log: $LOG)" >&2
-    exit "$rc"
+if [[ "${DRY_RUN:-0}" != 1 ]]; then
+    echo "run_gpu_e2e: passed: $STRATEGIES" >&2
 fi
-"$PY" "$REPO_DIR/tests/gpu/check_e2e_log.py" "$LOG" --steps "$TRAINING_STEPS" \
-    --loss-metric "$LOSS_METRIC" --reward-metric "$REWARD_METRIC" \
-    --episodes-metric "$EPISODES_METRIC" --contiguity-metric "$CONTIGUITY_METRIC"

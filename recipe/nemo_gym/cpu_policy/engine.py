@@ -69,12 +69,14 @@ def build_vllm_config(args: Namespace) -> VllmConfig:
     return vllm_config
 
 
-def build_engine_client(args: Namespace, script: ScriptedPolicy | None = None) -> CPUEngineClient:
+def build_engine_client(
+    args: Namespace, script: ScriptedPolicy | None = None, *, score_scripted: bool = False
+) -> CPUEngineClient:
     vllm_config = build_vllm_config(args)
     renderer = renderer_from_config(vllm_config)
-    needs_model = script is None or script.fallback == "model"
+    needs_model = script is None or script.fallback == "model" or score_scripted
     sampler = CausalLMSampler(vllm_config.model_config.model) if needs_model else None
-    return CPUEngineClient(vllm_config, renderer, script=script, sampler=sampler)
+    return CPUEngineClient(vllm_config, renderer, script=script, sampler=sampler, score_scripted=score_scripted)
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,12 @@ class CPUEngineClient(EngineClient):
         *,
         script: ScriptedPolicy | None = None,
         sampler: CausalLMSampler | None = None,
+        score_scripted: bool = False,
     ):
         if script is None and sampler is None:
             raise ValueError("CPUEngineClient needs a script, a model sampler, or both")
+        if score_scripted and sampler is None:
+            raise ValueError("score_scripted needs a model sampler to score the scripted tokens")
         if script is not None and script.fallback == "model" and sampler is None:
             raise ValueError('a script with fallback="model" needs a model sampler')
         self.vllm_config = vllm_config
@@ -106,6 +111,7 @@ class CPUEngineClient(EngineClient):
         self.input_processor = InputProcessor(vllm_config, renderer)
         self.script = script
         self.sampler = sampler
+        self.score_scripted = score_scripted
         self.tokenizer = renderer.get_tokenizer()
         self._added_vocab = dict(self.tokenizer.get_added_vocab())
         self._eos_token_id = renderer.get_eos_token_id()
@@ -144,6 +150,10 @@ class CPUEngineClient(EngineClient):
         if lora_request is not None:
             raise ValueError("the CPU policy engine serves no LoRA adapters")
         await self._wait_until_resumed()
+        if self._sleep_level > 0:
+            # verl puts the rollout to sleep right after `generate_sequences` returns: a request arriving now
+            # was sent by a manager that let an HTTP request outlive its batch.
+            raise RuntimeError(f"request {request_id} reached the CPU policy engine while it sleeps")
 
         if isinstance(prompt, EngineCoreRequest):
             request = prompt
@@ -196,9 +206,14 @@ class CPUEngineClient(EngineClient):
                     max_tokens=max_tokens,
                 )
                 n = len(out.token_ids)
-                return _Completion(
-                    out.token_ids, out.logprobs, [None] * n, [()] * n, out.finish_reason, out.stop_reason
-                )
+                logprobs = out.logprobs
+                if self.score_scripted:
+                    assert self.sampler is not None
+                    loop = asyncio.get_running_loop()
+                    logprobs = await loop.run_in_executor(
+                        self._executor, self.sampler.score, prompt_ids, list(out.token_ids)
+                    )
+                return _Completion(out.token_ids, logprobs, [None] * n, [()] * n, out.finish_reason, out.stop_reason)
             if self.script.fallback == "error":
                 raise ValueError(describe_no_match(self.script, request_id, prompt_text))
 
@@ -352,6 +367,21 @@ class CPUEngineClient(EngineClient):
 
     async def is_paused(self) -> bool:
         return self._paused
+
+    async def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ) -> list[Any]:
+        """vLLM's dev RPC (`POST /collective_rpc`), for one method: `load_weights` with a safetensors path.
+
+        The trainer's weight sync uses it; the load runs on the model's worker thread, between forward passes.
+        """
+        if method != "load_weights" or len(args) != 1 or kwargs:
+            raise ValueError(f"the CPU policy engine supports only collective_rpc('load_weights', [path]), got {method!r}")
+        if self.sampler is None:
+            raise ValueError("the CPU policy engine has no model to load weights into (script-only policy)")
+        loop = asyncio.get_running_loop()
+        loaded = await loop.run_in_executor(self._executor, self.sampler.load_weights, args[0])
+        return [{"loaded_tensors": loaded}]
 
     async def get_supported_tasks(self) -> tuple[str, ...]:
         return SUPPORTED_TASKS

@@ -101,6 +101,46 @@ class CausalLMSampler:
                 step_input = torch.tensor([[token]], dtype=torch.long)
         return result
 
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Raw log-probs of `completion_ids` following `prompt_ids` under the current weights (one forward pass).
+
+        What the engine reports for scripted tokens when asked to, so a trainer recomputing log-probs sees the
+        same numbers for tokens it did not sample.
+        """
+        torch = self._torch
+        if not prompt_ids or not completion_ids:
+            return []
+        ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(-1, torch.tensor(completion_ids, dtype=torch.long)[:, None])[:, 0]
+        return [float(v) for v in chosen]
+
+    def load_weights(self, path: str | Path) -> int:
+        """Replace the model's weights with the tensors of a safetensors file; returns how many were loaded.
+
+        Every tensor must name a parameter or buffer of the model with the same shape; parameters the file lacks
+        must be tied to one it has (e.g. `lm_head.weight` with tied embeddings).
+        """
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+        own = self.model.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise ValueError(f"weights {path} name tensors the model does not have: {unknown[:5]}")
+        for name, tensor in state.items():
+            if tensor.shape != own[name].shape:
+                raise ValueError(f"weights {path}: {name} has shape {tuple(tensor.shape)}, model {tuple(own[name].shape)}")
+        tied = {name for name in own if name not in state and name.endswith("lm_head.weight")}
+        missing = sorted(set(own) - set(state) - tied)
+        if missing:
+            raise ValueError(f"weights {path} lack tensors of the model: {missing[:5]}")
+        with self._torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+        return len(state)
+
     def _pick(self, logits, spec: SamplingSpec, generator, banned: set[int]) -> int:
         torch = self._torch
         if banned:

@@ -60,6 +60,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--splice-patch", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads for the model")
+    parser.add_argument(
+        "--score-script-with-model",
+        action="store_true",
+        help="report the model's own log-probs (current weights) for scripted tokens, as a trainer recomputes them",
+    )
+    parser.add_argument(
+        "--exit-with-parent", action="store_true", help="exit when the process that started this one is gone"
+    )
     return parser.parse_args(argv), extra
 
 
@@ -77,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cpu policy server: model directory {model_dir} has no config.json", file=sys.stderr)
         return 2
     script = ScriptedPolicy.from_file(ours.script) if ours.script else None
+    if ours.exit_with_parent:
+        _exit_when_orphaned(os.getppid())
 
     import torch
 
@@ -97,11 +107,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         from recipe.nemo_gym.server_patch import install
 
         install()
-    uvloop.run(_serve(args, script, ours.port_file))
+    uvloop.run(_serve(args, script, ours.port_file, score_scripted=ours.score_script_with_model))
     return 0
 
 
-async def _serve(args: argparse.Namespace, script: ScriptedPolicy | None, port_file: str | None) -> None:
+def _exit_when_orphaned(parent: int, interval_s: float = 1.0) -> None:
+    """Stop this server (SIGTERM to itself) once `parent` is gone: a parent killed with SIGKILL (a Ray actor torn
+    down by Ray) cannot stop its children, and a leftover server would hold its port and memory."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10.0)
+        os._exit(1)  # the graceful stop did not finish
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+async def _serve(
+    args: argparse.Namespace, script: ScriptedPolicy | None, port_file: str | None, *, score_scripted: bool = False
+) -> None:
     from vllm.entrypoints.openai.api_server import build_and_serve, setup_server
 
     from recipe.nemo_gym.cpu_policy.engine import build_engine_client
@@ -114,7 +141,7 @@ async def _serve(args: argparse.Namespace, script: ScriptedPolicy | None, port_f
         tmp = Path(port_file + ".tmp")
         tmp.write_text(str(port))
         tmp.replace(port_file)
-    engine = build_engine_client(args, script)
+    engine = build_engine_client(args, script, score_scripted=score_scripted)
     try:
         shutdown_task = await build_and_serve(engine, listen_address, sock, args)
         await shutdown_task
@@ -163,6 +190,8 @@ class CPUPolicyServer:
         splice_patch: bool = True,
         extra_args: Sequence[str] = (),
         *,
+        score_script_with_model: bool = False,
+        exit_with_parent: bool = False,
         startup_timeout_s: float = 300.0,
         grace_s: float = 10.0,
         python: str = sys.executable,
@@ -173,6 +202,8 @@ class CPUPolicyServer:
         self.requested_port = port
         self.model_name = served_model_name or str(self.model_dir)
         self.splice_patch = splice_patch
+        self.score_script_with_model = score_script_with_model
+        self.exit_with_parent = exit_with_parent
         self.extra_args = tuple(extra_args)
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
@@ -207,6 +238,10 @@ class CPUPolicyServer:
         if self.model_name != str(self.model_dir):
             cmd += ["--served-model-name", self.model_name]
         cmd.append("--splice-patch" if self.splice_patch else "--no-splice-patch")
+        if self.score_script_with_model:
+            cmd.append("--score-script-with-model")
+        if self.exit_with_parent:
+            cmd.append("--exit-with-parent")
         if self.extra_args:
             cmd += ["--", *self.extra_args]
         return cmd

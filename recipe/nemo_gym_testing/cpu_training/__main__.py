@@ -1,0 +1,27 @@
+"""`python -m recipe.nemo_gym_testing.cpu_training overrides|env`: print the CPU backend's settings for shells.
+
+`overrides` prints one Hydra override per line (append them to `main_ppo`'s arguments; the caller starts Ray
+with `--num-gpus=1` and more `--num-cpus` than cores, and sets `RAY_ADDRESS`); `env` prints
+`KEY=VALUE` lines to export before Ray and the trainer start.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["overrides"]:
+        print("\n".join(cpu_overrides(start_ray=False)))
+        return 0
+    if argv == ["env"]:
+        print("\n".join(f"{key}={value}" for key, value in cpu_env().items()))
+        return 0
+    print("usage: python -m recipe.nemo_gym_testing.cpu_training overrides|env", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,299 @@
+"""The main job on CPU: verl's unmodified `python -m verl.trainer.main_ppo` with this plugin, as a subprocess.
+
+`run_job(spec)` composes the command a user runs on a GPU cluster (`plugin_overrides`: GRPO, the plugin's
+manager and dataset, the environment blend) with the CPU backend's overrides and environment (`overrides.py`),
+starts it, and returns once it exits, with verl's own per-step metrics (verl's `file` logger, JSONL). While it
+runs, the console shows only what a user looks at: the manager's progress lines and one summary line per step
+(reward per environment, loss, failures, rollout and packing time) built from those metrics; verl's full
+console output goes to `main_ppo.log` and NeMo Gym's server logs to `nemo_gym_logs/`, both under the output
+folder. `write_reward_plot` draws the reward of each environment per step.
+
+Nothing here is a stand-in for verl or NeMo Gym: the trainer, its Ray workers, FSDP, checkpointing, the manager,
+NeMo Gym's servers and environments are the real ones. The rollout engine is the CPU policy server (see
+`rollout.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
+from recipe.nemo_gym_testing.cpu_training.rollout import SCRIPT_ENV
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PROGRESS_MARKER = "NeMo Gym rollout:"
+"""Lines the manager logs while a batch runs; the job echoes them to the console."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    out_dir: Path
+    model_dir: Path
+    agent_loop_config: Path
+    """The plugin YAML (`agent_loop_config_path`); copied into `out_dir` with NeMo Gym's log folder set."""
+    train_files: Sequence[Path]
+    val_files: Sequence[Path]
+    steps: int
+    batch_size: int
+    n: int
+    prompt_length: int
+    response_length: int
+    lr: float = 1e-6
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    resume: bool = False
+    script_file: Path | None = None
+    """A `ScriptedPolicy` JSON: scripted turns, scored by the current weights (see `rollout.py`)."""
+    seed: int = 1
+    head_port: int | None = None
+    """NeMo Gym's head server port; None picks a free one, so the job never collides with another on 11000."""
+    extra_overrides: Sequence[str] = ()
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    @property
+    def log_file(self) -> Path:
+        return self.out_dir / "main_ppo.log"
+
+    @property
+    def nemo_gym_log_dir(self) -> Path:
+        return self.out_dir / "nemo_gym_logs"
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    elapsed_s: float
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """verl's logged metrics, one dict per logged step (`step` included), in order."""
+
+    def metric(self, name: str) -> list[Any]:
+        return [s["data"].get(name) for s in self.steps]
+
+
+def plugin_overrides(spec: JobSpec, agent_loop_config: Path) -> list[str]:
+    """What a user passes to `main_ppo` to train with this plugin (sized by `spec`), device-independent."""
+    files = lambda paths: "[" + ",".join(f"'{p}'" for p in paths) + "]"  # noqa: E731
+    return [
+        "trainer.use_v1=false",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.model.path={spec.model_dir}",
+        f"actor_rollout_ref.rollout.n={spec.n}",
+        f"actor_rollout_ref.rollout.prompt_length={spec.prompt_length}",
+        f"actor_rollout_ref.rollout.response_length={spec.response_length}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "data.custom_cls.path=pkg://recipe.nemo_gym.dataset",
+        "data.custom_cls.name=NeMoGymJSONLDataset",
+        f"data.train_files={files(spec.train_files)}",
+        f"data.val_files={files(spec.val_files)}",
+        f"data.train_batch_size={spec.batch_size}",
+        f"data.max_prompt_length={spec.prompt_length}",
+        f"data.max_response_length={spec.response_length}",
+        "data.dataloader_num_workers=0",
+        f"data.seed={spec.seed}",
+        f"actor_rollout_ref.actor.optim.lr={spec.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={spec.batch_size}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "algorithm.use_kl_in_reward=false",
+        "reward.num_workers=1",
+        f"trainer.total_training_steps={spec.steps}",
+        f"trainer.save_freq={spec.save_freq}",
+        f"trainer.test_freq={spec.test_freq}",
+        f"trainer.val_before_train={str(spec.val_before_train).lower()}",
+        f"trainer.resume_mode={'auto' if spec.resume else 'disable'}",
+        f"trainer.default_local_dir={spec.checkpoint_dir}",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=nemo_gym_cpu",
+        f"trainer.experiment_name={spec.out_dir.name}",
+    ]
+
+
+def main_ppo_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of the trainer process: the plugin's overrides, then the CPU backend's."""
+    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    agent_loop_config = _agent_loop_config_with_logs(spec)
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    argv += plugin_overrides(spec, agent_loop_config) + cpu_overrides() + list(spec.extra_overrides)
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses an empty one; there is no GPU to hide anyway
+    env.update(cpu_env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_file)
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.script_file is not None:
+        env[SCRIPT_ENV] = str(spec.script_file)
+        argv.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{SCRIPT_ENV}='{spec.script_file}'")
+    return argv, env
+
+
+def _agent_loop_config_with_logs(spec: JobSpec) -> Path:
+    """The plugin YAML with `nemo_gym.log_dir` set (NeMo Gym's servers log to files, not the console) and the
+    job's head server port."""
+    config = yaml.safe_load(spec.agent_loop_config.read_text())
+    config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
+    config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or _free_port()}
+    path = spec.out_dir / "agent_loop.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: float = 3600.0) -> JobResult:
+    """Run `main_ppo` to completion (bounded by `timeout_s`: then its process group is killed)."""
+    argv, env = main_ppo_command(spec)
+    if spec.metrics_file.exists() and not spec.resume:
+        spec.metrics_file.unlink()
+    start_line = spec.metrics_file.read_text().count("\n") if spec.metrics_file.exists() else 0
+    (spec.out_dir / "command.sh").write_text(shlex.join(argv) + "\n")
+    console(f"main_ppo: full log {spec.log_file}; NeMo Gym server logs {spec.nemo_gym_log_dir}/")
+    started = time.monotonic()
+    shown: set[int] = set()
+    with open(spec.log_file, "a" if spec.resume else "w") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=spec.out_dir,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        timer = threading.Timer(timeout_s, _kill_group, args=(proc,))
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                if PROGRESS_MARKER in line:
+                    console(_strip_ray_prefix(line))
+                for step in _read_steps(spec.metrics_file, start_line):
+                    if step["step"] not in shown:
+                        shown.add(step["step"])
+                        console(format_step(step))
+            proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                _kill_group(proc)
+    steps = _read_steps(spec.metrics_file, start_line)
+    for step in steps:
+        if step["step"] not in shown:
+            console(format_step(step))
+    return JobResult(returncode=proc.returncode, elapsed_s=time.monotonic() - started, steps=steps)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+_RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*pid=\d+[^)]*\)(\x1b\[[0-9;]*m)?\s*")
+
+
+def _strip_ray_prefix(line: str) -> str:
+    return _RAY_PREFIX.sub("", line.rstrip())
+
+
+def _read_steps(path: Path, skip_lines: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines()[skip_lines:]:
+        try:
+            steps.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line still being written
+    return steps
+
+
+def environments(data: dict[str, Any]) -> list[str]:
+    """The environments a step's metrics report on (`timing_s/nemo_gym/<env>/episodes`), `all` excluded."""
+    found = {m.group(1) for key in data if (m := re.fullmatch(r"timing_s/nemo_gym/(.+)/episodes", key))}
+    return sorted(found - {"all"})
+
+
+def format_step(step: dict[str, Any]) -> str:
+    """One console line per logged step: what a user looks at, from verl's own metrics."""
+    data = step["data"]
+    parts = [f"step {step['step']}"]
+    if "val-core" in " ".join(data):
+        vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/reward/" in k}
+        parts.append("validation " + " ".join(f"{env}={v:.3f}" for env, v in sorted(vals.items())))
+    rewards = [f"{env}={data[f'timing_s/nemo_gym/{env}/reward/mean']:.3f}" for env in environments(data)]
+    if rewards:
+        parts.append("reward " + " ".join(rewards))
+    if "actor/pg_loss" in data:
+        parts.append(f"loss {data['actor/pg_loss']:+.4f} grad_norm {data.get('actor/grad_norm', float('nan')):.3g}")
+    if "timing_s/nemo_gym/all/failed" in data:
+        parts.append(f"failed {int(data['timing_s/nemo_gym/all/failed'])}/{int(data['timing_s/nemo_gym/all/episodes'])}")
+    if "timing_s/nemo_gym/rollout_wait" in data:
+        parts.append(
+            f"rollout {data['timing_s/nemo_gym/rollout_wait']:.1f}s packing {1e3 * data['timing_s/nemo_gym/packing']:.0f}ms"
+        )
+    if "timing_s/step" in data:
+        parts.append(f"step {data['timing_s/step']:.0f}s")
+    return " | ".join(parts)
+
+
+def write_reward_plot(steps: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Mean training reward of each environment per step, as a PNG; None when no step reported a reward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step in steps:
+        for env in environments(step["data"]):
+            series.setdefault(env, []).append((step["step"], step["data"][f"timing_s/nemo_gym/{env}/reward/mean"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for env, points in sorted(series.items()):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=env)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward (training batch)")
+    ax.set_title("NeMo Gym environments: reward per step (verl main_ppo, CPU)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,80 @@
+"""The main job on CPU: `./run_demo.sh` trains with verl's real `main_ppo` and this plugin on a NeMo Gym blend.
+
+    python -m recipe.nemo_gym_testing.demo [--steps N] [--out DIR]
+
+Embedded default: the tiny random-weight Qwen3 model (real Qwen3 tokenizer and chat template) trained with GRPO
+for a few steps on a blend of NeMo Gym's math and workplace-assistant environments and this repository's
+example environment `uppercase_share` (graded reward: the share of capital letters in the answer, which a
+random model can improve on within a few steps, unlike math and workplace where it scores 0). Validation runs
+before training, a checkpoint is written at the end. verl, Ray, FSDP, NeMo Gym's servers and the manager are
+the real ones; only vLLM's GPU engine is replaced by the CPU policy server (`cpu_training/rollout.py`).
+
+The console shows one line per step (reward per environment, loss, failures, rollout and packing time) and the
+manager's progress lines; verl's full output goes to `<out>/main_ppo.log`, NeMo Gym's server logs to
+`<out>/nemo_gym_logs/`, the per-step reward plot to `<out>/reward.png` and verl's metrics to
+`<out>/metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, run_job, write_reward_plot
+
+BLEND = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "demo_blend.yaml"
+UPPERCASE_ROWS = REPO_ROOT / "resources_servers" / "uppercase_share" / "data" / "train.jsonl"
+
+
+def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
+    """NeMo Gym's shipped math and workplace example rows (with `agent_ref`) and our uppercase_share rows."""
+    from recipe.nemo_gym.cpu_policy import harness
+
+    rows = harness.example_rows() * repeats_of_examples
+    lines = [line for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
+    rows += [json.loads(line) for line in lines[:uppercase_rows]]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "demo")
+    args = parser.parse_args(argv)
+
+    from recipe.nemo_gym.cpu_policy import harness
+    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print("The policy is a tiny random-weight Qwen3 model trained on CPU (real tokenizer and chat template):")
+    print("it scores 0 on math and workplace; uppercase_share's graded reward is the one that can rise.", flush=True)
+    train = harness.write_jsonl(demo_rows(uppercase_rows=32), out / "train.jsonl")
+    val = harness.write_jsonl(demo_rows(uppercase_rows=4), out / "val.jsonl")
+    spec = JobSpec(
+        out_dir=out,
+        model_dir=Path(tiny_qwen3_dir()),
+        agent_loop_config=BLEND,
+        train_files=[train],
+        val_files=[val],
+        steps=args.steps,
+        batch_size=8,
+        n=4,
+        prompt_length=4608,
+        response_length=32,
+        lr=1e-2,
+        save_freq=args.steps,
+        test_freq=-1,
+        val_before_train=True,
+    )
+    result = run_job(spec, console=lambda line: print(line, flush=True))
+    plot = write_reward_plot(result.steps, out / "reward.png")
+    print(f"main_ppo exited with {result.returncode} after {result.elapsed_s:.0f} s")
+    print(f"metrics: {spec.metrics_file}; reward plot: {plot}; checkpoints: {spec.checkpoint_dir}")
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""verl's real `python -m verl.trainer.main_ppo` trains through the plugin on CPU (the product, end to end).
+
+One module-scoped run of the CPU training backend (`recipe.nemo_gym_testing.cpu_training`): validation before
+training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls), math
+(scripted answers) and uppercase_share (answers sampled by the model), a checkpoint after step 2, then a second
+`main_ppo` that resumes from it and trains step 3. Every check reads verl's own logged metrics or its
+checkpoint folder:
+
+- the actor's recomputed log-probs equal the rollout's on every generated token (`training/rollout_probs_diff_max`
+  in probability space and `rollout_corr/log_ppl_abs_diff` in log space), at every step: splice, packing and
+  masks are exact, and from step 2 on the rollout server generates with the weights the actor just updated;
+- the update is real (non-zero gradient; with lr 1e-2 Adam moves every weight by ~1e-2 in one step, so a rollout
+  server left on stale weights would be off by far more than the tolerance);
+- workplace episodes really call tools (environment tokens are masked in the batch), and no episode failed;
+- the checkpoint is written and a resumed run trains one more step; nothing is left running afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recipe.nemo_gym.cpu_policy import harness
+from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
+from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
+
+pytestmark = pytest.mark.timeout(2400)
+
+WORKPLACE = "workplace_assistant_simple_agent"
+MATH = "math_with_judge_simple_agent"
+UPPERCASE = "uppercase_share_simple_agent"
+
+
+def ci_script():
+    """NeMo Gym's example episodes, restricted to math and workplace prompts; every other prompt is sampled."""
+    policy = example_episodes_policy()
+    for rule in policy.rules:
+        if rule.when.prompt_regex is None and rule.name != "math answer":
+            rule.when.prompt_regex = "company_directory_find_email_address"  # a tool only workplace rows list
+    policy.fallback = "model"
+    return policy
+
+
+def ordered_rows() -> list[dict]:
+    """8 rows, in order (data.shuffle=false): each batch of 4 holds one workplace, one math, two uppercase rows."""
+    examples = harness.example_rows()
+    workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
+    math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
+    uppercase = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
+    carlos = next(r for r in workplace if "carlos" in json.dumps(r).lower())
+    other = next(r for r in workplace if r is not carlos)
+    return [carlos, uppercase[0], uppercase[1], math_rows[0], other, uppercase[2], uppercase[3], math_rows[1]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("main_ppo")
+    rows = ordered_rows()
+    train = harness.write_jsonl(rows, out / "train.jsonl")
+    val = harness.write_jsonl([rows[0], rows[1]], out / "val.jsonl")
+    script = ci_script().to_file(out / "script.json")
+    spec = JobSpec(
+        out_dir=out / "job",
+        model_dir=Path(tiny_qwen3_dir()),
+        agent_loop_config=BLEND,
+        train_files=[train],
+        val_files=[val],
+        steps=2,
+        batch_size=4,
+        n=2,
+        prompt_length=4608,
+        response_length=64,
+        lr=1e-2,
+        save_freq=2,
+        val_before_train=True,
+        script_file=script,
+        extra_overrides=("data.shuffle=false",),
+    )
+    before = _ray_and_server_pids()
+    first = run_job(spec, console=print)
+    second = run_job(JobSpec(**{**spec.__dict__, "steps": 3, "resume": True, "val_before_train": False}), console=print)
+    return spec, first, second, before
+
+
+def _ray_and_server_pids() -> set[int]:
+    pattern = re.compile(r"raylet|gcs_server|cpu_policy\.server|verl\.trainer\.main_ppo|nemo_gym|ray::")
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if pattern.search(" ".join(proc.info["cmdline"] or [])):
+                found.add(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _training_steps(result) -> list[dict]:
+    return [s["data"] for s in result.steps if "actor/grad_norm" in s["data"]]
+
+
+def test_main_ppo_trains_two_steps_and_resumes_with_exit_code_zero(runs):
+    spec, first, second, _ = runs
+    assert first.returncode == 0, f"main_ppo failed; see {spec.log_file}"
+    assert second.returncode == 0, f"resumed main_ppo failed; see {spec.log_file}"
+    assert [s["step"] for s in first.steps if "actor/grad_norm" in s["data"]] == [1, 2]
+    assert [s["step"] for s in second.steps if "actor/grad_norm" in s["data"]] == [3]
+
+
+def test_actor_log_probs_equal_rollout_log_probs_at_every_step(runs):
+    _, first, second, _ = runs
+    steps = _training_steps(first) + _training_steps(second)
+    assert len(steps) == 3
+    for data in steps:
+        assert data["training/rollout_probs_diff_valid"] == 1
+        assert data["training/rollout_probs_diff_max"] < 1e-6
+        assert data["rollout_corr/log_ppl_abs_diff"] < 1e-5
+        assert abs(data["rollout_corr/log_ppl_diff_max"]) < 1e-4
+
+
+def test_every_step_updates_the_weights_the_next_rollout_uses(runs):
+    spec, first, second, _ = runs
+    for data in _training_steps(first) + _training_steps(second):
+        assert data["actor/grad_norm"] > 0 and math.isfinite(data["actor/grad_norm"])
+        assert data["actor/lr"] == pytest.approx(spec.lr)
+    # The server logs each sync it applied (rollout.py); steps 1..3 each sync before the next rollout.
+    log = spec.log_file.read_text()
+    assert len(re.findall(r"CPU policy replica 0: weights of step \d+ loaded", log)) >= 3
+
+
+def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_failures(runs):
+    _, first, second, _ = runs
+    for data in _training_steps(first) + _training_steps(second):
+        assert set(environments(data)) == {WORKPLACE, MATH, UPPERCASE}
+        assert data["timing_s/nemo_gym/all/failed"] == 0
+        assert data[f"timing_s/nemo_gym/{WORKPLACE}/num_turns/max"] >= 4  # a tool call, its result, a reply
+        assert data[f"timing_s/nemo_gym/{WORKPLACE}/env_tokens/max"] > 0
+    rewards = [d[f"timing_s/nemo_gym/{WORKPLACE}/reward/max"] for d in _training_steps(first)]
+    assert rewards[0] == 1.0  # the scripted reply to Carlos is what the environment's ground truth expects
+
+
+def test_validation_runs_before_training_per_environment(runs):
+    _, first, _, _ = runs
+    val = first.steps[0]
+    assert val["step"] == 0
+    assert any(key.startswith(f"val-core/{UPPERCASE}/") for key in val["data"])
+
+
+def test_checkpoint_written_and_resume_loads_it(runs):
+    spec, _, _, _ = runs
+    assert (spec.checkpoint_dir / "global_step_2" / "actor").is_dir()
+    assert (spec.checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip() in {"2", "3"}
+    assert "global_step_2" in spec.log_file.read_text().split("Training from scratch")[-1]
+
+
+def test_no_process_of_the_runs_is_left(runs):
+    _, _, _, before = runs
+    left = _ray_and_server_pids() - before
+    assert not left, {pid: " ".join(psutil.Process(pid).cmdline())[:200] for pid in left if psutil.pid_exists(pid)}
