@@ -376,7 +376,9 @@ class CPUEngineClient(EngineClient):
         The trainer's weight sync uses it; the load runs on the model's worker thread, between forward passes.
         """
         if method != "load_weights" or len(args) != 1 or kwargs:
-            raise ValueError(f"the CPU policy engine supports only collective_rpc('load_weights', [path]), got {method!r}")
+            raise ValueError(
+                f"the CPU policy engine supports only collective_rpc('load_weights', [path]), got {method!r}"
+            )
         if self.sampler is None:
             raise ValueError("the CPU policy engine has no model to load weights into (script-only policy)")
         loop = asyncio.get_running_loop()

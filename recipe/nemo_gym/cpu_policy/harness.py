@@ -1,6 +1,6 @@
 """Drive the real manager on CPU exactly as verl's trainer does, with the CPU policy server in vLLM's place.
 
-Used by the CPU end-to-end tests and by the demo job (`python -m recipe.nemo_gym.demo`). Everything here is
+Used by the CPU end-to-end tests and by the main job (`python -m recipe.nemo_gym_testing.demo`). Everything here is
 verl's own code path except the GPU engine:
 - `compose_verl_config`: verl's trainer config composed with Hydra from verl's own config directory, the way
   `verl.trainer.main_ppo` composes it, so a key verl does not accept fails here too.

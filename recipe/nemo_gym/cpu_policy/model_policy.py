@@ -132,7 +132,9 @@ class CausalLMSampler:
             raise ValueError(f"weights {path} name tensors the model does not have: {unknown[:5]}")
         for name, tensor in state.items():
             if tensor.shape != own[name].shape:
-                raise ValueError(f"weights {path}: {name} has shape {tuple(tensor.shape)}, model {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"weights {path}: {name} has shape {tuple(tensor.shape)}, model {tuple(own[name].shape)}"
+                )
         tied = {name for name in own if name not in state and name.endswith("lm_head.weight")}
         missing = sorted(set(own) - set(state) - tied)
         if missing:

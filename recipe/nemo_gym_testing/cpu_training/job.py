@@ -181,7 +181,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     console(f"main_ppo: full log {spec.log_file}; NeMo Gym server logs {spec.nemo_gym_log_dir}/")
     started = time.monotonic()
     shown: set[int] = set()
-    with open(spec.log_file, "a" if spec.resume else "w") as log:
+    with open(spec.log_file, "a" if spec.resume else "w", buffering=1) as log:
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -252,21 +252,20 @@ def environments(data: dict[str, Any]) -> list[str]:
 def format_step(step: dict[str, Any]) -> str:
     """One console line per logged step: what a user looks at, from verl's own metrics."""
     data = step["data"]
+    gym = "timing_s/nemo_gym/"
     parts = [f"step {step['step']}"]
-    if "val-core" in " ".join(data):
-        vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/reward/" in k}
+    vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/reward/" in k}
+    if vals:
         parts.append("validation " + " ".join(f"{env}={v:.3f}" for env, v in sorted(vals.items())))
-    rewards = [f"{env}={data[f'timing_s/nemo_gym/{env}/reward/mean']:.3f}" for env in environments(data)]
+    rewards = [f"{env}={data[f'{gym}{env}/reward/mean']:.3f}" for env in environments(data)]
     if rewards:
         parts.append("reward " + " ".join(rewards))
     if "actor/pg_loss" in data:
         parts.append(f"loss {data['actor/pg_loss']:+.4f} grad_norm {data.get('actor/grad_norm', float('nan')):.3g}")
-    if "timing_s/nemo_gym/all/failed" in data:
-        parts.append(f"failed {int(data['timing_s/nemo_gym/all/failed'])}/{int(data['timing_s/nemo_gym/all/episodes'])}")
-    if "timing_s/nemo_gym/rollout_wait" in data:
-        parts.append(
-            f"rollout {data['timing_s/nemo_gym/rollout_wait']:.1f}s packing {1e3 * data['timing_s/nemo_gym/packing']:.0f}ms"
-        )
+    if f"{gym}all/failed" in data:
+        parts.append(f"failed {int(data[f'{gym}all/failed'])}/{int(data[f'{gym}all/episodes'])}")
+    if f"{gym}rollout_wait" in data:
+        parts.append(f"rollout {data[f'{gym}rollout_wait']:.1f}s packing {1e3 * data[f'{gym}packing']:.0f}ms")
     if "timing_s/step" in data:
         parts.append(f"step {data['timing_s/step']:.0f}s")
     return " | ".join(parts)

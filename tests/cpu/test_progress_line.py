@@ -1,0 +1,54 @@
+"""The progress line a batch logs while NeMo Gym runs it (`gym_runtime.ProgressLine`, `run_examples_in_order`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
+from recipe.nemo_gym.gym_runtime import ProgressLine, run_examples_in_order
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episode(caplog):
+    clock = FakeClock()
+    line = ProgressLine(interval_s=10.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym_runtime"):
+        clock.now = 105.0
+        line(1, 0, 4)  # 5 s in: too soon
+        clock.now = 111.0
+        line(2, 1, 4)  # 11 s in: logged
+        clock.now = 112.0
+        line(3, 1, 4)  # 1 s after the last line: too soon
+        line(4, 1, 4)  # the last episode: always logged
+    assert [r.getMessage() for r in caplog.records] == [
+        "NeMo Gym rollout: 2/4 episodes done (1 failed), 11 s",
+        "NeMo Gym rollout: 4/4 episodes done (1 failed), 12 s",
+    ]
+
+
+def test_batch_reports_progress_with_failures_counted_until_every_episode_is_done():
+    calls: list[tuple[int, int, int]] = []
+
+    async def post_run(index, row):
+        await asyncio.sleep(0.05 * index)
+        if index == 1:
+            return EpisodeFailure(FailureCause.SERVER_ERROR, "500", row=index)
+        return {"reward": 1.0}
+
+    outcomes = asyncio.run(
+        run_examples_in_order(
+            [{}, {}, {}], post_run, deadline_s=30.0, health_check_interval_s=5.0, progress=lambda *a: calls.append(a)
+        )
+    )
+    assert isinstance(outcomes[1], EpisodeFailure)
+    assert calls[-1] == (3, 1, 3)
+    assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
+    assert all(total == 3 for _, _, total in calls)
