@@ -13,7 +13,13 @@ Contract with verl (see the README, "How it works"):
   `responses`, `response_mask` (1 only on policy-generated tokens), `input_ids`, `attention_mask`,
   `position_ids`, `rollout_log_probs`, `rm_scores` (NeMo Gym's reward), `multi_modal_inputs`,
   `__num_turns__`, `meta_info["timing"]`. Every HTTP request has finished when it returns (verl puts the vLLM
-  servers to sleep right after).
+  servers to sleep right after). Rows marked `__do_sample__=False` (REMAX's baseline) go out greedy, as in
+  verl's own agent loop (`rollout_requests.py`).
+- Validation (`meta_info["validate"]`): each real episode runs once. verl pads the batch to a multiple of
+  `rollout.agent.num_workers` with copies of its leading rows; those rows are not run but filled with copies of
+  the packed rows they duplicate (`rollout_requests.real_rows`), and the trainer drops them. verl's `_validate`
+  reads no `meta_info["timing"]`, so failures also travel as per-episode fields in `reward_extra_keys`
+  (`val-aux/<data_source>/nemo_gym/failed/mean@N`, see `metrics.py`) and in a warning counting them by cause.
 - The batch is bounded by `timeouts.batch_s`, and the servers are health-checked while it waits: a dead server
   or an expired deadline raises `RolloutAborted` naming the server or the pending count. Episodes that fail
   alone are masked and counted (`failures.py`); past `failures.max_fraction` the step fails with a summary.
@@ -32,6 +38,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
@@ -41,9 +48,14 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
-from recipe.nemo_gym.metrics import environment_metrics
+from recipe.nemo_gym.metrics import (
+    VALIDATION_FAILED_KEY,
+    describe_failures,
+    environment_metrics,
+    validation_extra_info,
+)
 from recipe.nemo_gym.packing import BatchPacker, Episode, PackStats, episode_from_result
-from recipe.nemo_gym.rollout_requests import build_example, sampling_from_rollout_config
+from recipe.nemo_gym.rollout_requests import DO_SAMPLE_KEY, build_example, real_rows, row_samplings
 from recipe.nemo_gym.verl_servers import discover_policy_servers
 
 logger = logging.getLogger(__name__)
@@ -135,11 +147,22 @@ class NeMoGymAgentLoopManager:
         validate = bool(prompts.meta_info.get("validate", False))
         rows = prompts.non_tensor_batch[ROW_KEY]
         self._check_agents(rows, prompts)
-        sampling = sampling_from_rollout_config(self.rollout_config, validate=validate)
-        examples = [build_example(row, sampling) for row in rows]
+        # Only the real rows run: a validation batch's padding (copies of its leading rows) is filled from them.
+        n_real = len(rows)
+        if validate:
+            n_real = real_rows(
+                prompts.non_tensor_batch.get("uid"),
+                rows,
+                n=int(self.rollout_config.val_kwargs.n),
+                divisor=int(self.rollout_config.agent.num_workers),
+            )
+        samplings = row_samplings(
+            self.rollout_config, prompts.meta_info, prompts.non_tensor_batch.get(DO_SAMPLE_KEY), n_real
+        )
+        examples = [build_example(rows[i], samplings[i]) for i in range(n_real)]
 
         packer = BatchPacker(
-            len(examples),
+            n_real,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             pad_token_id=self.pad_token_id,
@@ -185,6 +208,21 @@ class NeMoGymAgentLoopManager:
         }
         timing.update(environment_metrics(packed.stats))
         output = packed.data
+        if validate:
+            # verl's _validate reads no timing: per-episode fields it aggregates per data_source carry failures.
+            extra = validation_extra_info(packed.stats)
+            output.non_tensor_batch.update(extra)
+            output.meta_info["reward_extra_keys"] = list(extra)
+            if failures:
+                logger.warning(
+                    "NeMo Gym validation: %s; they are masked and count as reward 0 in val-core (see "
+                    "val-aux/<data_source>/%s)",
+                    describe_failures(packed.stats),
+                    VALIDATION_FAILED_KEY,
+                )
+        if n_real < len(rows):
+            # Padded row i is a copy of row i mod n_real (verl's pad_dataproto_to_divisor); the trainer drops it.
+            output = output.select_idxs(np.arange(len(rows)) % n_real)
         output.meta_info["timing"] = timing
         return output
 

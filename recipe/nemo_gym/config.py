@@ -95,7 +95,8 @@ class Timeouts(_Strict):
 
 class Failures(_Strict):
     max_fraction: float = Field(default=0.05, ge=0.0, le=1.0)
-    """Share of a batch's episodes that may fail (masked, reward 0) before the step fails."""
+    """Share of a batch's episodes that may fail (masked, reward 0) before the step fails, rounded up to whole
+    episodes: a batch of B tolerates ceil(max_fraction x B) failures, so at least one when max_fraction > 0."""
 
 
 class NeMoGymConfig(_Strict):

@@ -3,7 +3,8 @@
 Every episode that cannot be trained on exactly as generated is one `EpisodeFailure` with a `FailureCause`.
 Such an episode is never replaced by a placeholder: it is packed with `response_mask` all 0 and reward 0
 (so it contributes no gradient), and counted by cause. When a batch's failures exceed its budget, the
-step fails with `FailureBudgetExceeded`, whose message is the per-cause summary.
+step fails with `FailureBudgetExceeded`, whose message is the per-cause summary. The budget of a batch of B
+episodes is ceil(`max_fraction` x B) failures (`FailureBudget.allowed`).
 
 Two kinds of cause:
 - infrastructure: the episode died on a server (HTTP 5xx after NeMo Gym's own bounded retries, a request
@@ -19,6 +20,7 @@ A dead server or a batch that outlives its deadline is not an episode failure: i
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -74,10 +76,13 @@ class FailureBudgetExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class FailureBudget:
-    """At most `max_fraction` of a batch's episodes may fail before the step fails.
+    """At most `allowed(batch_size)` = ceil(`max_fraction` x batch_size) failed episodes per batch.
 
-    The default (0.05) absorbs the rare bad episode of a long run while a systematic fault (a broken
-    template, a dying environment) still stops the run within one step.
+    Rounding up is what makes the budget usable at every batch size: with a bare `failures > max_fraction x
+    batch` test, any batch under 20 episodes failed its step on a single failure at the default 5%. With it,
+    every batch tolerates at least one failure when `max_fraction > 0`, 0.0 still means zero tolerance, and
+    1.0 tolerates a whole batch of failures. The default (0.05) absorbs the rare bad episode of a long run
+    while a systematic fault (a broken template, a dying environment) still stops the run within one step.
     """
 
     max_fraction: float = 0.05
@@ -86,9 +91,14 @@ class FailureBudget:
         if not 0.0 <= self.max_fraction <= 1.0:
             raise ValueError(f"failure budget max_fraction must be in [0, 1], got {self.max_fraction}")
 
+    def allowed(self, batch_size: int) -> int:
+        """How many of `batch_size` episodes may fail without failing the step."""
+        # Rounded to 9 places before the ceiling so binary noise (0.07 x 100 = 7.000000000000001) adds no episode.
+        return math.ceil(round(self.max_fraction * batch_size, 9))
+
     def check(self, failures: Iterable[EpisodeFailure], batch_size: int) -> None:
         failures = list(failures)
-        if batch_size and len(failures) > self.max_fraction * batch_size:
+        if len(failures) > self.allowed(batch_size):
             raise FailureBudgetExceeded(summarize(failures, batch_size, self.max_fraction))
 
 
@@ -99,9 +109,10 @@ def count_by_cause(failures: Iterable[EpisodeFailure]) -> dict[str, int]:
 
 def summarize(failures: list[EpisodeFailure], batch_size: int, max_fraction: float) -> str:
     counts = {k: v for k, v in count_by_cause(failures).items() if v}
+    allowed = FailureBudget(max_fraction).allowed(batch_size)
     lines = [
-        f"{len(failures)} of {batch_size} episodes failed, over the budget of {max_fraction:.1%} "
-        f"({int(max_fraction * batch_size)} episodes). By cause: "
+        f"{len(failures)} of {batch_size} episodes failed, over the budget of {allowed} "
+        f"(failures.max_fraction {max_fraction:.1%} of {batch_size}, rounded up). By cause: "
         + ", ".join(f"{cause} ({FailureCause(cause).kind.value}) = {n}" for cause, n in counts.items())
         + ".",
         "First failures:",

@@ -11,8 +11,10 @@ Contract:
   servers concerned. At most one runtime is live per process (NeMo Gym keeps one configuration per process).
 - `health()` / `check_health()` are cheap (process liveness; HTTP only on request) and name dead servers.
 - `shutdown()` stops the head server and every process started (each server's wrapper and all of its
-  descendants: SIGTERM, then SIGKILL after a bounded grace). Idempotent; also runs at interpreter exit and
-  on SIGTERM of this process (chained to any SIGTERM handler already installed).
+  descendants: SIGTERM, then SIGKILL after a bounded grace), then closes NeMo Gym's HTTP session. Idempotent;
+  also runs at interpreter exit (verl never calls it), without starting a thread and without printing anything.
+  On SIGTERM of this process every process started is sent SIGKILL at once (`kill_now`; a Ray actor such as
+  verl's TaskRunner is SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already installed runs.
 - `collect(examples, deadline_s)` (awaitable from any event loop) / `collect_sync(...)` post each row to its
   agent's `/run` and return results in input order. A row whose `/run` fails with an HTTP error becomes an
   `EpisodeFailure` for that row (`server_error_cause`: a splice refusal is CONTIGUITY_BROKEN, a NaN the policy
@@ -45,7 +47,9 @@ NeMo Gym 0.4.0 behaviours this module is built around (read in its source):
   `TOKENIZERS_PARALLELISM`, replaces `builtins.print`, and appends site-packages to `sys.path`; parsing a
   config sets `UV_CACHE_DIR`. All of these are undone in this process (`_nemo_gym`, `_parse_config`); the
   servers, being separate processes, keep NeMo Gym's defaults. Still global once imported: two OmegaConf
-  resolvers (`inherit_from`, `copy`), `wandb.util.VALUE_BYTES_LIMIT`, and two `atexit` hooks of NeMo Gym's.
+  resolvers (`inherit_from`, `copy`), `wandb.util.VALUE_BYTES_LIMIT`, and NeMo Gym's `maybe_ray_cluster_exit`
+  atexit hook (a no-op here). Its other atexit hook, which closes the global aiohttp session on a new loop and
+  fails at exit because the session lives on the runtime's loop, is unregistered (`_nemo_gym`).
   `nemo_gym` is imported lazily, on first start, never at this module's import.
 """
 
@@ -758,6 +762,13 @@ def _nemo_gym() -> SimpleNamespace:
                     is_global_aiohttp_client_setup,
                     raise_for_status,
                 )
+            # nemo-gym 0.4.0 registers `global_aiohttp_client_exit` with atexit when `nemo_gym.server_utils` is
+            # imported. It closes the global aiohttp session with `asyncio.run`, on a new loop, but our session lives
+            # on the runtime's loop, so at exit it fails ("attached to a different loop", printed as an exception
+            # ignored in atexit). The runtime closes the session on its own loop instead (`shutdown`, run at exit by
+            # `_shutdown_all_live`). NeMo Gym's other atexit hook, `maybe_ray_cluster_exit`, does nothing here: it
+            # stops only a Ray NeMo Gym started itself, and the runtime always hands it the running Ray's address.
+            atexit.unregister(global_aiohttp_client_exit)
             _NG = SimpleNamespace(
                 RunHelper=RunHelper,
                 BaseServerConfig=BaseServerConfig,
@@ -815,17 +826,33 @@ _HOOKS_INSTALLED = False
 
 
 def _shutdown_all_live() -> None:
+    """atexit: stop every live runtime (a trainer that never called `shutdown()`, as verl's never does)."""
     with _LIVE_LOCK:
         runtimes = list(_LIVE)
     for runtime in runtimes:
         try:
             runtime.shutdown()
-        except Exception:  # at exit or in a signal handler: stop the others regardless
+        except Exception:  # at exit: stop the others regardless
             logger.exception("NeMo Gym runtime shutdown failed")
 
 
+def _kill_all_live() -> None:
+    """On SIGTERM: SIGKILL every live runtime's processes at once (see `GymRuntime.kill_now`)."""
+    with _LIVE_LOCK:
+        runtimes = list(_LIVE)
+    for runtime in runtimes:
+        with contextlib.suppress(Exception):  # in a signal handler: nothing may keep the others alive
+            runtime.kill_now()
+
+
 def _install_exit_hooks() -> None:
-    """Once per process: stop live runtimes at interpreter exit and on SIGTERM, chaining the existing handler."""
+    """Once per process: stop live runtimes at interpreter exit and on SIGTERM, chaining the existing handler.
+
+    Where each runs (checked with verl 0.9.1 and Ray 2.60): a trainer script that returns runs atexit. verl's
+    TaskRunner is a Ray actor that nothing terminates: when `main_ppo`'s driver returns and exits, Ray sends the
+    actor SIGTERM, runs its Python handler, and SIGKILLs it about 0.1 s later, so atexit never runs there and the
+    SIGTERM hook must finish in that time: it only sends SIGKILL.
+    """
     global _HOOKS_INSTALLED
     with _LIVE_LOCK:
         if _HOOKS_INSTALLED:
@@ -838,7 +865,7 @@ def _install_exit_hooks() -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def _on_sigterm(signum: int, frame: Any) -> None:
-        _shutdown_all_live()
+        _kill_all_live()
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:
@@ -1102,6 +1129,7 @@ class GymRuntime:
             health_check=health,
             health_check_interval_s=health_check_interval_s,
             max_concurrency=max_concurrency,
+            progress=ProgressLine(),
         )
 
     def _check_not_stopped(self) -> None:
@@ -1111,23 +1139,53 @@ class GymRuntime:
     # ---------------------------------------------------------------- shutdown
 
     def shutdown(self) -> None:
-        """Stop the head server and every process started; leave none behind. Idempotent."""
+        """Stop the head server and every process started; leave none behind. Idempotent.
+
+        The processes go first: nothing after them (closing the HTTP session, which touches the event loop) can
+        keep a server alive. Creates a thread only when called from a thread that runs an event loop (see
+        `_close_client_session`), never at interpreter exit.
+        """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         try:
+            try:
+                if self._view is not None:
+                    self._view.stop_head_server(timeout_s=5.0)
+            finally:
+                self._kill_everything()
             self._close_client_session()
-            if self._view is not None:
-                self._view.stop_head_server(timeout_s=5.0)
-            self._kill_everything()
             if self._owns_loop and not self.loop.in_loop_thread():
                 self.loop.close()
         finally:
             with _LIVE_LOCK:
                 _LIVE.discard(self)
 
+    def kill_now(self) -> None:
+        """SIGKILL every process started, without waiting or touching the event loop; for a SIGTERM of this process.
+
+        A trainer being terminated has little time left: Ray SIGKILLs an actor ~0.1 s after its SIGTERM (measured
+        with Ray 2.60 for verl's TaskRunner, whose owner, the `main_ppo` driver, exited), so a grace period would be
+        cut short, and the servers hold nothing worth a graceful exit (environment state lives per episode). The
+        head server is a thread of this process and ends with it. Idempotent; later `shutdown()` calls do nothing.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            self._refresh_tree()
+            # list() copies in one step: a health check on the loop thread may be refreshing the table meanwhile.
+            for _, proc in list(self._tracked.values()):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
     def _close_client_session(self) -> None:
+        """Close NeMo Gym's global HTTP session on the loop it belongs to, and clear NeMo Gym's global. Never raises."""
         ng = self._ng
         if ng is None or not ng.is_global_aiohttp_client_setup():
             return
@@ -1138,11 +1196,26 @@ class GymRuntime:
         if not self.loop.closed:
             with contextlib.suppress(Exception):
                 self.loop.run(_close(), timeout=5.0, what="closing NeMo Gym's aiohttp session")
-        # Clears NeMo Gym's global so the next runtime creates a session on its own loop. It calls asyncio.run,
-        # which refuses to run inside a running loop, hence the short-lived thread.
-        resetter = threading.Thread(target=ng.global_aiohttp_client_exit, name="nemo-gym-session-reset", daemon=True)
-        resetter.start()
-        resetter.join(5.0)
+        # NeMo Gym's public reset, `global_aiohttp_client_exit`, clears its global so the next runtime creates a
+        # session on its own loop. It calls asyncio.run on the (now closed, so no-op) session, which refuses to run
+        # on a thread whose event loop is running: only there is a short-lived thread needed. Elsewhere, notably at
+        # interpreter exit, where no new thread can start, it runs here.
+        try:
+            asyncio.get_running_loop()
+            in_a_loop = True
+        except RuntimeError:
+            in_a_loop = False
+        try:
+            if in_a_loop:
+                resetter = threading.Thread(
+                    target=ng.global_aiohttp_client_exit, name="nemo-gym-session-reset", daemon=True
+                )
+                resetter.start()
+                resetter.join(5.0)
+            else:
+                ng.global_aiohttp_client_exit()
+        except Exception as e:  # noqa: BLE001 - the servers are already stopped; a stale global is all that is left
+            logger.debug("could not reset NeMo Gym's aiohttp session: %r", e)
         self._server_client = None
 
     def _kill_everything(self) -> None:
@@ -1182,8 +1255,12 @@ async def run_examples_in_order(
     health_check: Callable[[], Any] | None = None,
     health_check_interval_s: float = 2.0,
     max_concurrency: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[dict[str, Any] | EpisodeFailure]:
     """Run `post_run(index, row)` for every row concurrently; return outcomes in input order.
+
+    `progress(done, failed, total)`, when given, is called after every wake-up of the wait loop (at least every
+    `health_check_interval_s` while rows are pending, and once when all are done).
 
     Each row's outcome is tied to its index by the task that ran it, not by a field of the result: in 0.4.0
     no field a caller adds to a row survives into `simple_agent`'s result (its verify response drops them).
@@ -1213,6 +1290,7 @@ async def run_examples_in_order(
     deadline = loop.time() + deadline_s
     tasks = {asyncio.create_task(one(i), name=f"nemo-gym-row-{i}"): i for i in range(n)}
     pending = set(tasks)
+    failed = 0
     try:
         while pending:
             remaining = deadline - loop.time()
@@ -1227,7 +1305,10 @@ async def run_examples_in_order(
                 pending, timeout=min(health_check_interval_s, remaining), return_when=asyncio.FIRST_COMPLETED
             )
             for task in done:
-                outcomes[tasks[task]] = task.result()
+                outcome = outcomes[tasks[task]] = task.result()
+                failed += isinstance(outcome, EpisodeFailure)
+            if progress is not None:
+                progress(n - len(pending), failed, n)
             if pending and health_check is not None:
                 await _health_or_abort(health_check, pending=len(pending), total=n)
     finally:
@@ -1236,6 +1317,30 @@ async def run_examples_in_order(
         if pending:
             await asyncio.wait(pending, timeout=5.0)
     return outcomes  # type: ignore[return-value]  # every slot is filled once no task is pending
+
+
+class ProgressLine:
+    """Logs "NeMo Gym rollout: <done>/<total> episodes done (<failed> failed), <t> s" while a batch runs.
+
+    At most one line every `interval_s`, plus the line for the last episode, so a long batch shows it is moving
+    without flooding the console. Logged at WARNING level: verl 0.9.1 sets the root logger to WARNING in every
+    process, and this line is meant to be seen.
+    """
+
+    def __init__(self, interval_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self.started = clock()
+        self.last_logged = self.started
+
+    def __call__(self, done: int, failed: int, total: int) -> None:
+        now = self.clock()
+        if done < total and now - self.last_logged < self.interval_s:
+            return
+        self.last_logged = now
+        logger.warning(
+            "NeMo Gym rollout: %d/%d episodes done (%d failed), %.0f s", done, total, failed, now - self.started
+        )
 
 
 async def _health_or_abort(health_check: Callable[[], Any], pending: int, total: int) -> None:

@@ -5,6 +5,14 @@ verl 0.9.1 has no channel for a rollout's own training scalars, but it copies ev
 logger (console, wandb, tensorboard, mlflow...) at the trainer's step. The manager puts these metrics there,
 so they arrive as `timing_s/nemo_gym/<environment>/<metric>`; the README lists them.
 
+Validation is different: verl 0.9.1's `_validate` never reads `meta_info["timing"]`. What it reads from the
+rollout output is `rm_scores` and, through `extract_reward`, each non-tensor named in
+`meta_info["reward_extra_keys"]`, which `process_validation_metrics` averages per `data_source` (and per prompt
+over `val_kwargs.n` samples) into `val-aux/<data_source>/<key>/mean@N` (plus `std@N`, `best@N`, `worst@N` when
+N > 1); string values are skipped there but written to the validation dumps (`trainer.validation_data_dir`).
+`validation_extra_info` gives those per-episode fields, so a masked validation episode, which counts as reward 0
+in `val-core`, is visible as `val-aux/<env>/nemo_gym/failed/mean@N`.
+
 Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause>`, `truncated`,
 `truncated_rate`, `stopped_on_length`, and `<x>/mean`, `<x>/max` over the episodes that were packed, for
 `num_turns`, `generated_tokens`, `trained_tokens`, `env_tokens`, `total_tokens`, `reward`.
@@ -13,12 +21,17 @@ Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import numpy as np
 
 from recipe.nemo_gym.packing import PackStats
 
 PREFIX = "nemo_gym/"
+VALIDATION_FAILED_KEY = "nemo_gym/failed"
+"""Per validation episode: 1.0 if it failed (masked, reward 0), else 0.0."""
+VALIDATION_CAUSE_KEY = "nemo_gym/failure_cause"
+"""Per validation episode: its `FailureCause` value, "" if it did not fail."""
 
 
 def select_rows(stats: PackStats, rows: np.ndarray) -> PackStats:
@@ -47,6 +60,31 @@ def _with_rates(stats: PackStats, prefix: str) -> dict[str, float]:
     episodes = len(stats.failure_cause)
     out[f"{prefix}truncated_rate"] = float(stats.truncated.sum()) / episodes if episodes else 0.0
     return out
+
+
+def validation_extra_info(stats: PackStats) -> dict[str, np.ndarray]:
+    """The per-episode fields verl's validation metrics aggregate (`meta_info["reward_extra_keys"]`).
+
+    Given for every validation batch, failures or not: verl asserts each extra key holds one value per sample
+    over the whole validation set.
+    """
+    return {
+        VALIDATION_FAILED_KEY: stats.failed.astype(np.float64),
+        VALIDATION_CAUSE_KEY: np.array([str(c) for c in stats.failure_cause], dtype=object),
+    }
+
+
+def describe_failures(stats: PackStats) -> str:
+    """`"<failed> of <episodes> episodes failed (<cause>=<n>, ...; <env>: <n>, ...)"`, causes and environments
+    with at least one failure, in sorted order."""
+    failed = stats.failed
+    causes = Counter(str(c) for c in stats.failure_cause[failed])
+    parts = [", ".join(f"{cause}={n}" for cause, n in sorted(causes.items()))]
+    if stats.data_source is not None:
+        envs = Counter(str(s) for s in stats.data_source[failed])
+        parts.append(", ".join(f"{env}: {n}" for env, n in sorted(envs.items())))
+    detail = f" ({'; '.join(parts)})" if causes else ""
+    return f"{int(failed.sum())} of {len(failed)} episodes failed{detail}"
 
 
 def summary_table(stats: PackStats) -> str:

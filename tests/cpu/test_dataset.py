@@ -181,7 +181,7 @@ def test_validate_row_returns_the_agent_name():
 
 
 def test_nemo_gyms_shipped_example_data_reads(tmp_path):
-    root = Path(importlib.util.find_spec("resources_servers").submodule_search_locations[0])
+    root = Path(importlib.util.find_spec("nemo_gym").origin).parents[1] / "resources_servers"  # the wheel's, not ours
     files = [
         root / "workplace_assistant" / "data" / "example.jsonl",
         root / "math_with_judge" / "data" / "example.jsonl",

@@ -182,7 +182,8 @@ def test_validation_uses_val_kwargs_and_a_later_batch_works(training, stack):
     manager = stack["manager"]
     _, batch = harness.trainer_batches(stack["dataset"], [0, 5], stack["config"], validate=True)
     output = manager.generate_sequences(batch)
-    assert len(output) == len(batch)
+    assert len(output) == len(batch) == 8  # padded by verl to rollout.agent.num_workers
+    assert len(manager.last_results) == 2  # only the real rows ran; the padding copies them
     temperatures = {r["response"]["temperature"] for r in manager.last_results}
     assert temperatures == {0.0}  # rollout.val_kwargs: greedy
     _, _, training_results = training

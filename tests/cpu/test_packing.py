@@ -82,7 +82,7 @@ def test_result_validated_and_dumped_by_nemo_gyms_response_model_packs_the_same(
 
 def test_real_nemo_gym_rollouts_shipped_in_the_wheel_pack():
     # Rollouts recorded by NeMo Gym's own simple_agent + vllm_model with return_token_id_information.
-    root = Path(importlib.util.find_spec("resources_servers").submodule_search_locations[0])
+    root = Path(importlib.util.find_spec("nemo_gym").origin).parents[1] / "resources_servers"  # the wheel's, not ours
     path = root / "competitive_coding_challenges" / "data" / "example_rollouts.jsonl"
     results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     episodes = [episode_from_result(result, max_prompt_length=256) for result in results]

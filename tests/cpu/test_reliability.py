@@ -549,8 +549,8 @@ def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, 
     lines = str(err.value).splitlines()
     print(f"\n{err.value}")
     assert lines[0] == (
-        "5 of 8 episodes failed, over the budget of 50.0% (4 episodes). By cause: contiguity_broken (data) = 1, "
-        "non_finite_logprob (data) = 2, prompt_too_long (data) = 2."
+        "5 of 8 episodes failed, over the budget of 4 (failures.max_fraction 50.0% of 8, rounded up). By cause: "
+        "contiguity_broken (data) = 1, non_finite_logprob (data) = 2, prompt_too_long (data) = 2."
     )
     assert lines[1] == "First failures:" and len(lines) == 7
 
@@ -574,6 +574,30 @@ def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_ru
     output = manager.generate_sequences(_batch(stack, ["good_math", "good_math_2"]))
     assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0]
     assert _chat_requests(server) == sent_before + 2
+
+
+def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(stack):
+    """verl's own `_validate` over three rows, one of which fails: one failure of three is within the default 5%
+    budget (rounded up to one episode), the five padded rows send nothing, and the failure reaches val-aux."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    manager, server = stack["manager"], stack["server"]
+    names = ["good_math", "over_prompt_length", "good_math_2"]
+    trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only what _validate reads
+    trainer.config = stack["config"]
+    trainer.tokenizer = manager.tokenizer
+    trainer.val_dataloader = [collate_fn([stack["dataset"][INDEX[name]] for name in names])]
+    trainer.async_rollout_manager = manager
+    trainer.use_rm = False
+    trainer.global_steps = 1
+    sent_before = _chat_requests(server)
+    metrics = trainer._validate()
+    time.sleep(0.5)
+    assert _chat_requests(server) - sent_before == 3  # 3 real rows; verl padded the batch to 8
+    assert len(manager.last_results) == 3
+    assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / 3)
+    assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
 
 
 def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(stack):

@@ -45,7 +45,7 @@ import sys
 from itertools import zip_longest
 from pathlib import Path
 
-root = Path(importlib.util.find_spec("resources_servers").submodule_search_locations[0])
+root = Path(importlib.util.find_spec("nemo_gym").origin).parents[1] / "resources_servers"  # the wheel's, not ours
 sources = {
     "math_with_judge_simple_agent": root / "math_with_judge" / "data" / "example.jsonl",
     "workplace_assistant_simple_agent": root / "workplace_assistant" / "data" / "example.jsonl",

@@ -142,6 +142,7 @@ def main_ppo_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
     agent_loop_config = _agent_loop_config_with_logs(spec)
     argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
     argv += plugin_overrides(spec, agent_loop_config) + cpu_overrides() + list(spec.extra_overrides)
+    argv.append(f"hydra.run.dir={spec.out_dir / 'hydra'}")
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses an empty one; there is no GPU to hide anyway
     env.update(cpu_env())
@@ -188,7 +189,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            cwd=spec.out_dir,
+            cwd=REPO_ROOT,  # relative NeMo Gym config and server paths (resources_servers/...) resolve here
             text=True,
             errors="replace",
             start_new_session=True,

@@ -1,0 +1,62 @@
+"""The failure budget: ceil(max_fraction x batch) failed episodes pass, one more fails the step with a summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause
+
+
+def failures(n: int, cause: FailureCause = FailureCause.SERVER_ERROR) -> list[EpisodeFailure]:
+    return [EpisodeFailure(cause, f"detail {i}", row=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 8, 16, 19, 20])
+def test_default_budget_tolerates_one_failure_in_any_batch_up_to_twenty_episodes(batch_size):
+    budget = FailureBudget(0.05)
+    assert budget.allowed(batch_size) == 1
+    budget.check(failures(1), batch_size)  # the old `failures > 0.05 x batch` rule failed every batch under 20
+    with pytest.raises(FailureBudgetExceeded):
+        budget.check(failures(2), batch_size)
+
+
+@pytest.mark.parametrize(
+    ("max_fraction", "batch_size", "allowed"),
+    [
+        (0.05, 21, 2),  # 1.05 rounded up
+        (0.05, 1024, 52),  # 51.2 rounded up
+        (0.07, 100, 7),  # 7.000000000000001 in binary: no eighth episode
+        (0.1, 30, 3),
+        (0.5, 8, 4),
+        (1.0, 8, 8),
+        (0.0, 1024, 0),
+        (0.05, 0, 0),
+    ],
+)
+def test_allowed_is_max_fraction_of_the_batch_rounded_up(max_fraction, batch_size, allowed):
+    assert FailureBudget(max_fraction).allowed(batch_size) == allowed
+
+
+def test_zero_fraction_tolerates_no_failure_and_one_tolerates_all():
+    with pytest.raises(FailureBudgetExceeded):
+        FailureBudget(0.0).check(failures(1), 1000)
+    FailureBudget(0.0).check([], 1000)
+    FailureBudget(1.0).check(failures(8), 8)
+
+
+def test_over_budget_message_names_the_allowance_and_counts_by_cause():
+    batch = failures(2, FailureCause.CONTIGUITY_BROKEN) + failures(1, FailureCause.SERVER_ERROR)
+    with pytest.raises(FailureBudgetExceeded) as err:
+        FailureBudget(0.05).check(batch, 16)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (
+        "3 of 16 episodes failed, over the budget of 1 (failures.max_fraction 5.0% of 16, rounded up). By cause: "
+        "server_error (infrastructure) = 1, contiguity_broken (data) = 2."
+    )
+    assert lines[1:] == ["First failures:"] + [f"  {f}" for f in batch]
+
+
+def test_budget_rejects_fractions_outside_zero_to_one():
+    for bad in (-0.01, 1.01):
+        with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+            FailureBudget(bad)
