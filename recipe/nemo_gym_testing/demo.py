@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("The policy is a tiny random-weight Qwen3 model trained on CPU (real tokenizer and chat template):")
     print("it scores 0 on math and workplace; uppercase_share's graded reward is the one that can rise.", flush=True)
+    # Mostly uppercase_share rows: math and workplace groups score 0 with this model and add no signal.
     train = harness.write_jsonl(demo_rows(uppercase_rows=32), out / "train.jsonl")
     val = harness.write_jsonl(demo_rows(uppercase_rows=4), out / "val.jsonl")
     spec = JobSpec(
@@ -61,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         val_files=[val],
         steps=args.steps,
         batch_size=8,
-        n=4,
+        n=8,
         prompt_length=4608,
         response_length=32,
-        lr=1e-2,
+        lr=3e-1,  # a random-weight model moves only at a high rate (benchmarks/bench_uppercase_grpo.py)
         save_freq=args.steps,
         test_freq=-1,
         val_before_train=True,

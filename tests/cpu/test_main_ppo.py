@@ -76,7 +76,7 @@ def runs(tmp_path_factory):
         batch_size=4,
         n=2,
         prompt_length=4608,
-        response_length=64,
+        response_length=256,
         lr=1e-2,
         save_freq=2,
         val_before_train=True,

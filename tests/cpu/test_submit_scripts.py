@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,8 @@ SHELL_FILES = [
     REPO / "scripts_common.sh",
     REPO / "config.env.example",
     REPO / "tests" / "gpu" / "run_gpu_e2e.sh",
+    REPO / "run_tests.sh",
+    REPO / "tests" / "cpu" / "install_slurm.sh",
 ]
 MANAGER = "recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
 PLUGIN_MODULE = "recipe.nemo_gym.vllm_plugin"
@@ -171,12 +174,16 @@ def test_user_overrides_pass_through_and_win(tmp_path, verl_checks):
     assert cfg.actor_rollout_ref.rollout.n == 3 and cfg.trainer.save_freq == 7
 
 
-def test_gpu_e2e_script_overrides_compose_and_validate(tmp_path, verl_checks):
+def gpu_e2e_dry_run(tmp_path, strategies: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(
-        DRY_RUN="1", WORK_DIR=str(tmp_path / "work"), MODEL_PATH=str(tmp_path / "tiny"), VENV=str(VENV_BIN.parent)
+        DRY_RUN="1",
+        WORK_DIR=str(tmp_path / "work"),
+        MODEL_PATH=str(tmp_path / "tiny"),
+        VENV=str(VENV_BIN.parent),
+        STRATEGIES=strategies,
     )
-    result = subprocess.run(
+    return subprocess.run(
         ["bash", str(REPO / "tests" / "gpu" / "run_gpu_e2e.sh")],
         capture_output=True,
         text=True,
@@ -184,6 +191,21 @@ def test_gpu_e2e_script_overrides_compose_and_validate(tmp_path, verl_checks):
         timeout=120,
         check=False,
     )
+
+
+def test_gpu_e2e_script_runs_the_same_command_with_fsdp_then_megatron(tmp_path):
+    result = gpu_e2e_dry_run(tmp_path, "fsdp megatron")
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("verl.trainer.main_ppo\n")[1:]
+    assert len(commands) == 2
+    fsdp, megatron = (set(c.splitlines()) for c in commands)
+    assert "model_engine=megatron" in megatron and "model_engine=megatron" not in fsdp
+    shared = {o for o in fsdp & megatron if "agent_loop_manager_class" in o or "train_files" in o}
+    assert len(shared) == 2  # the same plugin and data in both runs
+
+
+def test_gpu_e2e_script_overrides_compose_and_validate(tmp_path, verl_checks):
+    result = gpu_e2e_dry_run(tmp_path, "fsdp")
     assert result.returncode == 0, result.stderr
     cfg = compose_verl(result.stdout.splitlines()[3:])
     rollout, actor = verl_checks(cfg)
@@ -445,3 +467,147 @@ def test_e2e_log_parser_reads_ray_prefixed_step_lines():
 def test_e2e_log_check_reports_each_problem(log, problems):
     checker = _load_checker()
     assert checker.check_steps(checker.parse_step_metrics(log), **CHECK_KEYS) == problems
+
+
+# --- TRAINING_BACKEND (the CPU backend's overrides and environment) ---------------------------------------
+
+CPU_BACKEND_MAIN = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
+
+
+def backend_stub_venv(tmp_path: Path, overrides: list[str], env: list[str], status: int = 0) -> Path:
+    """A VENV whose python answers `-m recipe.nemo_gym_testing.cpu_training overrides|env` with the given lines
+    (and `status`), and runs the real interpreter otherwise (the stack check)."""
+    venv = tmp_path / "stub-venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "${1:-} ${2:-}" == "-m recipe.nemo_gym_testing.cpu_training" ]]; then\n'
+        "    echo backend-stub-called >&2\n"
+        f'    case "$3" in overrides) printf "%s\\n" {" ".join(map(shlex.quote, overrides))} ;;'
+        f' env) printf "%s\\n" {" ".join(map(shlex.quote, env))} ;; esac\n'
+        f"    exit {status}\n"
+        "fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    return venv
+
+
+def test_unknown_training_backend_is_refused(tmp_path):
+    result = run_script(SCRIPTS["math"], write_config(tmp_path, TRAINING_BACKEND="tpu"))
+    assert result.returncode != 0 and result.stdout == ""
+    assert "TRAINING_BACKEND must be gpu or cpu, got 'tpu'" in result.stderr
+
+
+def test_gpu_backend_is_the_default_and_asks_no_backend_module(tmp_path):
+    venv = backend_stub_venv(tmp_path, ["trainer.device=cpu"], ["X=1"])
+    result = run_script(SCRIPTS["multienv"], write_config(tmp_path, VENV=str(venv), RAY_NUM_CPUS="12"))
+    assert result.returncode == 0, result.stderr
+    assert "backend-stub-called" not in result.stderr and "trainer.device=cpu" not in result.stdout
+    assert "TRAINING_BACKEND=gpu; each node's 'ray start' gets: --num-gpus=8 --num-cpus=12" in result.stderr
+
+
+def test_cpu_backend_overrides_and_environment_are_merged(tmp_path):
+    overrides = [
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.name=cpu_vllm",
+        # the script adds this key with `+` too: Hydra refuses adding it twice, so the backend's replaces it
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
+        # the script adds this one with `+` (absent from verl's config): the backend's entry keeps a `+`
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class=b.Manager",
+        # resources go to `ray start` (ray.init refuses them when joining the script's cluster)
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "ray_kwargs.ray_init.num_cpus=6",
+        "",
+    ]
+    env = ["VERL_PLATFORM=cpu", "VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin,b.act", "EMPTY="]
+    venv = backend_stub_venv(tmp_path, overrides, env)
+    config = write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu")
+    result = run_script(SCRIPTS["multienv"], config, "trainer.total_epochs=3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [str(venv / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
+    args = lines[3:]
+    # the script's own overrides, then the backend's (each key once), then the user's
+    assert args[-5:] == [
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.name=cpu_vllm",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=b.Manager",
+        "trainer.total_epochs=3",
+    ]
+    keys = [item.split("=", 1)[0].lstrip("+") for item in args]
+    assert len(keys) == len(set(keys)) + 1  # only trainer.total_epochs twice: the script's, then the user's
+    assert "trainer.n_gpus_per_node=8" not in args and "actor_rollout_ref.rollout.name=vllm" not in args
+    assert not [item for item in args if "ray_init.num_" in item]
+    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=6" in result.stderr
+    assert "GPUS_PER_NODE=8 ignored" in result.stderr
+    assert "VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin,b.act VERL_PLATFORM=cpu EMPTY=" in result.stderr
+
+
+def test_cpu_backend_ray_cpus_from_config_win(tmp_path):
+    venv = backend_stub_venv(tmp_path, ["ray_kwargs.ray_init.num_cpus=6"], [])
+    config = write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu", RAY_NUM_CPUS="16")
+    result = run_script(SCRIPTS["math"], config)
+    assert result.returncode == 0, result.stderr
+    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=16" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "status", "message"),
+    [
+        ([], [], 1, "'{python} -m recipe.nemo_gym_testing.cpu_training overrides' failed with status 1"),
+        ([], ["not an assignment"], 0, "cpu_training env' printed 'not an assignment', not KEY=VALUE"),
+        ([], ["VERL_USE_EXTERNAL_MODULES=it's"], 0, "NG_EXTERNAL_MODULES contains a single quote"),
+    ],
+    ids=["module-fails", "bad-env-line", "quote-in-modules"],
+)
+def test_cpu_backend_errors_are_named(tmp_path, overrides, env, status, message):
+    venv = backend_stub_venv(tmp_path, overrides, env, status)
+    result = run_script(SCRIPTS["math"], write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu"))
+    assert result.returncode != 0 and result.stdout == ""
+    assert message.format(python=venv / "bin" / "python") in result.stderr
+
+
+@pytest.mark.skipif(not CPU_BACKEND_MAIN.exists(), reason="the CPU backend module is not in this tree")
+@pytest.mark.parametrize("env_name", ["math", "multienv"])
+def test_cpu_backend_dry_run_composes_and_validates_in_verl(tmp_path, verl_checks, env_name):
+    result = run_script(SCRIPTS[env_name], write_config(tmp_path, TRAINING_BACKEND="cpu", NNODES="1"))
+    assert result.returncode == 0, result.stderr
+    cfg = compose_verl(result.stdout.splitlines()[3:])
+    rollout, actor = verl_checks(cfg)
+    assert cfg.trainer.device == "cpu" and (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 1)
+    assert rollout.agent.agent_loop_manager_class == MANAGER
+    assert cfg.data.custom_cls.name == "NeMoGymJSONLDataset"
+    modules = cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert modules[0] == PLUGIN_MODULE and len(modules) == len(set(modules))
+    assert cfg.ray_kwargs.ray_init.get("num_gpus") is None  # the trainer joins the script's Ray cluster
+    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=8" in result.stderr
+
+
+def test_teardown_stops_what_the_trainer_left_in_its_process_group(tmp_path):
+    # The trainer runs under setsid; a child it leaves behind (an orphan Slurm's process tracking may miss) is
+    # stopped with its process group when the job ends.
+    orphan_file = tmp_path / "orphan.pid"
+    snippet = (
+        f"setsid bash -c 'sleep 300 & echo $! > {orphan_file}; sleep 0.5' & trainer=$!; "
+        "ng_track $trainer 'the trainer (test)' 1; STOP_GRACE_S=5; NG_SUPERVISE_TICK_S=1; trap ng_teardown EXIT; "
+        'ng_supervise "$trainer"'
+    )
+    result = run_common(snippet)
+    assert result.returncode == 0, result.stderr
+    assert "stopping the processes the trainer (test) left behind" in result.stderr
+    orphan = int(orphan_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(orphan) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(orphan)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
