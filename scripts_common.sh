@@ -16,12 +16,20 @@
 #   it in every process). The latter is also put in the job's Ray runtime_env
 #   (+ray_kwargs.ray_init.runtime_env.env_vars...), which verl 0.9.1's run_ppo merges over its defaults, so a
 #   cluster started without it still gets it.
+# - TRAINING_BACKEND (config.env) picks the training hardware: `gpu` (default) is verl's normal vLLM + GPU path;
+#   `cpu` runs the same trainer on machines without a GPU through the test-support backend
+#   recipe.nemo_gym_testing.cpu_training (`python -m <it> overrides|env`, see ng_setup_backend): its overrides
+#   go after the script's own (before the user's), its environment is exported before `ray start`, and Ray is
+#   started with one logical GPU and RAY_NUM_CPUS (default 8) logical CPUs per node.
+# - Ray runs with token authentication (RAY_AUTH_MODE=token and a fresh RAY_AUTH_TOKEN per job, in the
+#   environment of every process) unless the environment already chooses a mode or a token.
 # - Every function's failure message starts with "submit:" and names the variable, file or node involved.
 
 NG_PIN_VERL="${NG_PIN_VERL:-0.9.1}"
 NG_PIN_NEMO_GYM="${NG_PIN_NEMO_GYM:-0.4.0}"
 NG_PIN_VLLM="${NG_PIN_VLLM:-0.24.0}"
 NG_EXTERNAL_MODULES="recipe.nemo_gym.vllm_plugin"
+NG_CPU_BACKEND_MODULE="${NG_CPU_BACKEND_MODULE:-recipe.nemo_gym_testing.cpu_training}"
 NG_MANAGER_CLASS="recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
 NG_DATASET_CLASS="NeMoGymJSONLDataset"
 
@@ -85,8 +93,10 @@ ng_load_config() {
     VENV="${VENV:-$REPO_DIR/.venv}"
     UV_SYNC="${UV_SYNC:-0}"
     STRATEGY="${STRATEGY:-fsdp}"
+    TRAINING_BACKEND="${TRAINING_BACKEND:-gpu}"
     NNODES="${NNODES:-1}"
     GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+    RAY_NUM_CPUS="${RAY_NUM_CPUS:-}"
     PROJECT_NAME="${PROJECT_NAME:-nemo_gym}"
     TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}"
     ROLLOUT_N="${ROLLOUT_N:-8}"
@@ -123,9 +133,21 @@ ng_load_config() {
         ng_require_int "$var" "${!var}"
     done
     [[ -z "$TOTAL_TRAINING_STEPS" ]] || ng_require_int TOTAL_TRAINING_STEPS "$TOTAL_TRAINING_STEPS"
+    [[ -z "$RAY_NUM_CPUS" ]] || ng_require_int RAY_NUM_CPUS "$RAY_NUM_CPUS"
     case "$STRATEGY" in
         fsdp | megatron) ;;
         *) ng_die "STRATEGY must be fsdp or megatron, got '$STRATEGY' (config: $NG_CONFIG_ENV)" ;;
+    esac
+    case "$TRAINING_BACKEND" in
+        gpu) ;;
+        cpu)
+            # One logical GPU per node: what the CPU backend's trainer asks Ray for (trainer.n_gpus_per_node=1).
+            if [[ "$GPUS_PER_NODE" != 1 ]]; then
+                ng_log "TRAINING_BACKEND=cpu: one logical GPU per node (GPUS_PER_NODE=$GPUS_PER_NODE ignored)"
+                GPUS_PER_NODE=1
+            fi
+            ;;
+        *) ng_die "TRAINING_BACKEND must be gpu or cpu, got '$TRAINING_BACKEND' (config: $NG_CONFIG_ENV)" ;;
     esac
     PYTHON="$VENV/bin/python"
 }
@@ -218,7 +240,7 @@ ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experime
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$MICRO_BATCH_SIZE_PER_GPU"
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=$NG_MANAGER_CLASS"
         "actor_rollout_ref.rollout.agent.agent_loop_config_path=$(ng_q "${NEMO_GYM_CONFIG:-$env_yaml}")"
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=$NG_EXTERNAL_MODULES"
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=$(ng_q "$NG_EXTERNAL_MODULES")"
         "trainer.logger=[$LOGGER]"
         "trainer.project_name=$(ng_q "$PROJECT_NAME")"
         "trainer.experiment_name=$(ng_q "${EXPERIMENT_NAME:-$experiment}")"
@@ -242,6 +264,111 @@ ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experime
             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$MEGATRON_PP"
         )
     fi
+}
+
+# The training backend's additions, set by ng_setup_backend: Hydra overrides (after the script's own, before
+# the user's), KEY=VALUE environment entries (exported before `ray start`), and the `ray start` resource flags
+# of every node.
+NG_BACKEND_OVERRIDES=()
+NG_BACKEND_ENV=()
+NG_RAY_RESOURCES=()
+
+# Key of a Hydra override, without its +, ++ or ~ prefix, into NG_KEY (no subshell: called per override).
+ng_override_key() {
+    NG_KEY=${1%%=*}
+    NG_KEY=${NG_KEY#\~}
+    NG_KEY=${NG_KEY#+}
+    NG_KEY=${NG_KEY#+}
+}
+
+# TRAINING_BACKEND=gpu: Ray gets GPUS_PER_NODE GPUs per node (and RAY_NUM_CPUS CPUs if set), nothing else.
+# TRAINING_BACKEND=cpu: ask the backend module (`$PYTHON -m $NG_CPU_BACKEND_MODULE overrides`, then `env`) for
+# its Hydra overrides (one per line) and environment (KEY=VALUE lines). Its VERL_USE_EXTERNAL_MODULES is merged
+# with the plugin's own module list (both go to every process and to the Ray runtime env). Overrides of
+# ray_kwargs.ray_init.{num_gpus,num_cpus,address} are taken out: the trainer joins the Ray cluster this script
+# starts (ray.init refuses resources when joining one), and their values size that cluster instead. Ray gets
+# one logical GPU per node (what the backend's trainer.n_gpus_per_node=1 asks for) and RAY_NUM_CPUS, else the
+# backend's num_cpus, else 8 logical CPUs: more than the cores, since verl's workers each ask for several.
+ng_setup_backend() {
+    NG_BACKEND_OVERRIDES=()
+    NG_BACKEND_ENV=()
+    local ray_gpus=$GPUS_PER_NODE ray_cpus="" what out line value module
+    if [[ "$TRAINING_BACKEND" == cpu ]]; then
+        ray_gpus=1
+        local -a cmd=("$PYTHON" -m "$NG_CPU_BACKEND_MODULE")
+        for what in overrides env; do
+            out=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "${cmd[@]}" "$what") ||
+                ng_die "TRAINING_BACKEND=cpu: '${cmd[*]} $what' failed with status $? (its error is above);" \
+                    "the CPU backend is the module $NG_CPU_BACKEND_MODULE under $REPO_DIR/recipe"
+            while IFS= read -r line; do
+                line=${line%$'\r'}
+                [[ -n "${line//[[:space:]]/}" ]] || continue
+                if [[ "$what" == env ]]; then
+                    [[ "$line" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
+                        ng_die "TRAINING_BACKEND=cpu: '${cmd[*]} env' printed '$line', not KEY=VALUE"
+                    value=${line#*=}
+                    if [[ "${line%%=*}" == VERL_USE_EXTERNAL_MODULES ]]; then
+                        local -a modules
+                        IFS=, read -r -a modules <<<"$value"
+                        for module in "${modules[@]}"; do
+                            [[ -z "$module" || ",$NG_EXTERNAL_MODULES," == *",$module,"* ]] ||
+                                NG_EXTERNAL_MODULES+=",$module"
+                        done
+                    else
+                        NG_BACKEND_ENV+=("$line")
+                    fi
+                    continue
+                fi
+                ng_override_key "$line"
+                value=${line#*=}
+                case "$NG_KEY" in
+                    ray_kwargs.ray_init.num_gpus) ray_gpus=$value ;;
+                    ray_kwargs.ray_init.num_cpus) ray_cpus=$value ;;
+                    ray_kwargs.ray_init.address) ;;
+                    *)
+                        NG_BACKEND_OVERRIDES+=("$line")
+                        continue
+                        ;;
+                esac
+                ng_log "TRAINING_BACKEND=cpu: '$line' goes to this script's 'ray start', not to the trainer"
+            done <<<"$out"
+        done
+        ng_require_int "ray_kwargs.ray_init.num_gpus (from $NG_CPU_BACKEND_MODULE)" "$ray_gpus"
+        [[ -z "$ray_cpus" || "$ray_cpus" == null ]] || RAY_NUM_CPUS="${RAY_NUM_CPUS:-$ray_cpus}"
+        RAY_NUM_CPUS="${RAY_NUM_CPUS:-8}"
+        ng_require_int RAY_NUM_CPUS "$RAY_NUM_CPUS"
+        ng_refuse_quotes NG_EXTERNAL_MODULES
+    fi
+    NG_RAY_RESOURCES=(--num-gpus="$ray_gpus")
+    [[ -z "$RAY_NUM_CPUS" ]] || NG_RAY_RESOURCES+=(--num-cpus="$RAY_NUM_CPUS")
+}
+
+# Append the backend's overrides to NG_OVERRIDES. Where one sets a key the script also sets, the script's entry
+# is dropped (the backend's wins, as it would by coming later, and Hydra refuses to `+`-add a key twice); if the
+# script had added that key with `+` (it is not in verl's config), the backend's entry keeps a `+`.
+ng_append_backend_overrides() {
+    ((${#NG_BACKEND_OVERRIDES[@]})) || return 0
+    local -A backend_keys=() added_keys=()
+    local item
+    for item in "${NG_BACKEND_OVERRIDES[@]}"; do
+        ng_override_key "$item"
+        backend_keys[$NG_KEY]=1
+    done
+    local -a kept=()
+    for item in "${NG_OVERRIDES[@]}"; do
+        ng_override_key "$item"
+        if [[ -n "${backend_keys[$NG_KEY]:-}" ]]; then
+            [[ "$item" != +* ]] || added_keys[$NG_KEY]=1
+        else
+            kept+=("$item")
+        fi
+    done
+    for item in "${NG_BACKEND_OVERRIDES[@]}"; do
+        ng_override_key "$item"
+        if [[ -n "${added_keys[$NG_KEY]:-}" && "$item" != [+~]* ]]; then item="+$item"; fi
+        kept+=("$item")
+    done
+    NG_OVERRIDES=("${kept[@]}")
 }
 
 # Count the nodes `ray status` reports as Active or Idle (both of Ray 2.60's formats list them as
@@ -283,7 +410,8 @@ ng_wait_for_ray_nodes() {  # address expected timeout_s [pid name]...
 
 NG_PIDS=()
 NG_NAMES=()
-ng_track() { NG_PIDS+=("$1") && NG_NAMES+=("$2"); }
+NG_GROUPS=()  # 1 where the process leads its own process group (the trainer, started with setsid)
+ng_track() { NG_PIDS+=("$1") && NG_NAMES+=("$2") && NG_GROUPS+=("${3:-0}"); }
 
 # TERM a process, wait up to STOP_GRACE_S for it, then KILL it.
 ng_stop_pid() {  # pid name
@@ -302,16 +430,43 @@ ng_stop_pid() {  # pid name
     wait "$pid" 2>/dev/null || true
 }
 
-# EXIT trap: stop the trainer first (it owns the Ray job), then every Ray piece, newest first.
+# After its leader is gone, stop what is left of a process group (processes the trainer started and did not
+# stop: orphans that Slurm's process tracking may no longer see): TERM, STOP_GRACE_S, KILL.
+ng_stop_group() {  # pgid name
+    local pgid=$1 name=$2 deadline=$((SECONDS + STOP_GRACE_S))
+    kill -0 -- "-$pgid" 2>/dev/null || return 0
+    ng_log "stopping the processes $name left behind (process group $pgid)"
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    while kill -0 -- "-$pgid" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            ng_log "processes of group $pgid ignored SIGTERM for ${STOP_GRACE_S} s; killing them"
+            kill -KILL -- "-$pgid" 2>/dev/null || true
+            break
+        fi
+        sleep 1
+    done
+}
+
+# EXIT trap: stop the trainer first (it owns the Ray job) and whatever it left in its process group, then every
+# Ray piece, newest first.
 ng_teardown() {
     local rc=$? i
     trap - EXIT INT TERM
     [[ -z "$NG_TICK_PID" ]] || kill "$NG_TICK_PID" 2>/dev/null || true
     for ((i = ${#NG_PIDS[@]} - 1; i >= 0; i--)); do
         ng_stop_pid "${NG_PIDS[i]}" "${NG_NAMES[i]}"
+        if [[ "${NG_GROUPS[i]}" == 1 ]]; then ng_stop_group "${NG_PIDS[i]}" "${NG_NAMES[i]}"; fi
     done
     exit "$rc"
 }
+
+# The head node's address for Ray, run on the head node: `hostname --ip-address`, unless that is a loopback
+# address (Debian-style /etc/hosts maps the host name to 127.0.1.1 or 127.0.0.1), which other nodes cannot reach
+# and which `ray start` rewrites to another address: then the host's first non-loopback address (hostname -I).
+# shellcheck disable=SC2016  # expanded by the bash on the head node
+NG_HEAD_IP_CMD='ip=$(hostname --ip-address 2>/dev/null | awk "{print \$1}")
+case "$ip" in 127.* | ::1 | "") ip=$(hostname -I 2>/dev/null | awk "{print \$1}") || true ;; esac
+echo "${ip:-127.0.0.1}"'
 
 ng_start_ray_slurm() {
     local -a nodes
@@ -320,19 +475,19 @@ ng_start_ray_slurm() {
     ((count == NNODES)) || ng_die "config.env NNODES=$NNODES but Slurm allocated $count node(s) (${nodes[*]});" \
         "submit with: sbatch --nodes=$NNODES ..."
     local head_ip
-    head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk '{print $1}')
+    head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" bash -c "$NG_HEAD_IP_CMD")
     [[ -n "$head_ip" ]] || ng_die "could not read the IP address of head node $head"
     NG_RAY_ADDRESS="$head_ip:$RAY_PORT"
-    ng_log "starting the Ray head on $head ($NG_RAY_ADDRESS), $count node(s), $GPUS_PER_NODE GPU(s) each"
+    ng_log "starting the Ray head on $head ($NG_RAY_ADDRESS), $count node(s), each with: ${NG_RAY_RESOURCES[*]}"
     local -a head_args=(--head --node-ip-address="$head_ip" --port="$RAY_PORT" --dashboard-port="$RAY_DASHBOARD_PORT")
     [[ -z "$RAY_TEMP_DIR" ]] || head_args+=(--temp-dir="$RAY_TEMP_DIR")
     srun --overlap --export=ALL --nodes=1 --ntasks=1 -w "$head" \
-        ray start "${head_args[@]}" --num-gpus="$GPUS_PER_NODE" --disable-usage-stats --block &
+        ray start "${head_args[@]}" "${NG_RAY_RESOURCES[@]}" --disable-usage-stats --block &
     ng_track $! "Ray head (srun on $head)"
     ng_wait_for_ray_nodes "$NG_RAY_ADDRESS" 1 "$RAY_JOIN_TIMEOUT_S" "${NG_PIDS[0]}" "${NG_NAMES[0]}"
     if ((count > 1)); then
         srun --overlap --export=ALL --nodes=$((count - 1)) --ntasks=$((count - 1)) --ntasks-per-node=1 \
-            --exclude="$head" ray start --address="$NG_RAY_ADDRESS" --num-gpus="$GPUS_PER_NODE" \
+            --exclude="$head" ray start --address="$NG_RAY_ADDRESS" "${NG_RAY_RESOURCES[@]}" \
             --disable-usage-stats --block &
         ng_track $! "Ray workers (srun on the $((count - 1)) other node(s))"
     fi
@@ -343,10 +498,10 @@ ng_start_ray_slurm() {
 ng_start_ray_local() {
     ((NNODES == 1)) || ng_die "NNODES=$NNODES needs Slurm (no SLURM_JOB_ID here): submit with sbatch"
     NG_RAY_ADDRESS="127.0.0.1:$RAY_PORT"
-    ng_log "no Slurm job: starting a local Ray head on port $RAY_PORT with $GPUS_PER_NODE GPU(s)"
+    ng_log "no Slurm job: starting a local Ray head on port $RAY_PORT with: ${NG_RAY_RESOURCES[*]}"
     local -a head_args=(--head --port="$RAY_PORT" --dashboard-port="$RAY_DASHBOARD_PORT")
     [[ -z "$RAY_TEMP_DIR" ]] || head_args+=(--temp-dir="$RAY_TEMP_DIR")
-    ray start "${head_args[@]}" --num-gpus="$GPUS_PER_NODE" --disable-usage-stats --block &
+    ray start "${head_args[@]}" "${NG_RAY_RESOURCES[@]}" --disable-usage-stats --block &
     ng_track $! "local Ray head"
     ng_wait_for_ray_nodes "$NG_RAY_ADDRESS" 1 "$RAY_JOIN_TIMEOUT_S" "${NG_PIDS[0]}" "${NG_NAMES[0]}"
 }
@@ -380,21 +535,47 @@ ng_supervise() {  # trainer-pid
 ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user overrides...]
     local env_yaml=$1 train_var=$2 val_var=$3 experiment=$4
     shift 4
-    ng_build_overrides "$env_yaml" "$train_var" "$val_var" "$experiment"
-    NG_OVERRIDES+=("$@")
     ng_check_stack
+    ng_setup_backend
+    ng_build_overrides "$env_yaml" "$train_var" "$val_var" "$experiment"
+    ng_append_backend_overrides
+    NG_OVERRIDES+=("$@")
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         ng_log "DRY_RUN: the trainer command, one argument per line (nothing started); workers get" \
-            "PYTHONPATH=$REPO_DIR VERL_USE_EXTERNAL_MODULES=$NG_EXTERNAL_MODULES"
+            "PYTHONPATH=$REPO_DIR VERL_USE_EXTERNAL_MODULES=$NG_EXTERNAL_MODULES" "${NG_BACKEND_ENV[@]}"
+        ng_log "DRY_RUN: TRAINING_BACKEND=$TRAINING_BACKEND; each node's 'ray start' gets: ${NG_RAY_RESOURCES[*]}"
         printf '%s\n' "$PYTHON" -m verl.trainer.main_ppo "${NG_OVERRIDES[@]}"
         return 0
     fi
 
-    # Exported before `ray start`, so every raylet and the workers it spawns inherit them.
+    # Exported before `ray start`, so every raylet and the workers it spawns inherit them: the backend's
+    # environment first, then the plugin's (PYTHONPATH extends, VERL_USE_EXTERNAL_MODULES is the merged list).
+    local entry
+    for entry in "${NG_BACKEND_ENV[@]}"; do
+        export "${entry?}"
+    done
+    if [[ "$TRAINING_BACKEND" == cpu && -v CUDA_VISIBLE_DEVICES && -z "$CUDA_VISIBLE_DEVICES" ]]; then
+        # Ray refuses `--num-gpus=1` when CUDA_VISIBLE_DEVICES lists no device; the CPU backend's GPU is logical.
+        ng_log "TRAINING_BACKEND=cpu: unsetting the empty CUDA_VISIBLE_DEVICES (Ray would refuse its logical GPU)"
+        unset CUDA_VISIBLE_DEVICES
+    fi
     export PATH="$VENV/bin:$PATH"
     export PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
     export VERL_USE_EXTERNAL_MODULES="$NG_EXTERNAL_MODULES"
     export RAY_USAGE_STATS_ENABLED=0
+    # Ray 2.60 authentication: `ray start` turns token authentication on by itself when ~/.ray/auth_token exists
+    # (an earlier local ray.init() writes one), but `ray status` sends a token only when RAY_AUTH_MODE=token, so
+    # the join poll would be refused forever. One explicit mode for every process of the job instead: token
+    # authentication with a fresh token for this job, in the environment (srun --export=ALL hands it to every
+    # node; never printed), unless RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH is set already.
+    if [[ -z "${RAY_AUTH_MODE:-}" ]]; then
+        export RAY_AUTH_MODE=token
+        if [[ -z "${RAY_AUTH_TOKEN:-}" && -z "${RAY_AUTH_TOKEN_PATH:-}" ]]; then
+            RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+            [[ ${#RAY_AUTH_TOKEN} == 64 ]] || ng_die "could not read a Ray authentication token from /dev/urandom"
+            export RAY_AUTH_TOKEN
+        fi
+    fi
     [[ -z "$WANDB_API_KEY" ]] || export WANDB_API_KEY
     trap ng_teardown EXIT
     trap 'exit 143' TERM
@@ -403,8 +584,10 @@ ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user ov
     if [[ -n "${SLURM_JOB_ID:-}" ]]; then ng_start_ray_slurm; else ng_start_ray_local; fi
 
     ng_log "starting the trainer against Ray at $NG_RAY_ADDRESS"
-    RAY_ADDRESS="$NG_RAY_ADDRESS" "$PYTHON" -m verl.trainer.main_ppo "${NG_OVERRIDES[@]}" &
+    # In a process group of its own (setsid does not fork here: a background job of a non-interactive shell is
+    # no group leader, so the trainer's pid is the group's id), so that the teardown also finds what it leaves.
+    RAY_ADDRESS="$NG_RAY_ADDRESS" setsid "$PYTHON" -m verl.trainer.main_ppo "${NG_OVERRIDES[@]}" &
     local trainer=$!
-    ng_track "$trainer" "the trainer (verl.trainer.main_ppo)"
+    ng_track "$trainer" "the trainer (verl.trainer.main_ppo)" 1
     ng_supervise "$trainer"
 }

@@ -54,6 +54,9 @@ class _CPUDeviceModule(ModuleType):
         torch.manual_seed(seed)
 
     manual_seed_all = manual_seed
+    # The "device" generator is torch's CPU generator: verl's checkpoints save and restore it under "cpu".
+    get_rng_state = staticmethod(torch.get_rng_state)
+    set_rng_state = staticmethod(torch.set_rng_state)
 
 
 _DEVICE_MODULE = _CPUDeviceModule()
