@@ -175,9 +175,8 @@ def _free_port() -> int:
 def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: float = 3600.0) -> JobResult:
     """Run `main_ppo` to completion (bounded by `timeout_s`: then its process group is killed)."""
     argv, env = main_ppo_command(spec)
-    if spec.metrics_file.exists() and not spec.resume:
-        spec.metrics_file.unlink()
-    start_line = spec.metrics_file.read_text().count("\n") if spec.metrics_file.exists() else 0
+    # verl's file logger truncates the file when it opens it: it only ever holds this run's steps.
+    spec.metrics_file.unlink(missing_ok=True)
     (spec.out_dir / "command.sh").write_text(shlex.join(argv) + "\n")
     console(f"main_ppo: full log {spec.log_file}; NeMo Gym server logs {spec.nemo_gym_log_dir}/")
     started = time.monotonic()
@@ -202,7 +201,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
                 log.write(line)
                 if PROGRESS_MARKER in line:
                     console(_strip_ray_prefix(line))
-                for step in _read_steps(spec.metrics_file, start_line):
+                for step in _read_steps(spec.metrics_file):
                     if step["step"] not in shown:
                         shown.add(step["step"])
                         console(format_step(step))
@@ -211,7 +210,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
             timer.cancel()
             if proc.poll() is None:
                 _kill_group(proc)
-    steps = _read_steps(spec.metrics_file, start_line)
+    steps = _read_steps(spec.metrics_file)
     for step in steps:
         if step["step"] not in shown:
             console(format_step(step))
@@ -232,11 +231,11 @@ def _strip_ray_prefix(line: str) -> str:
     return _RAY_PREFIX.sub("", line.rstrip())
 
 
-def _read_steps(path: Path, skip_lines: int) -> list[dict[str, Any]]:
+def _read_steps(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     steps = []
-    for line in path.read_text().splitlines()[skip_lines:]:
+    for line in path.read_text().splitlines():
         try:
             steps.append(json.loads(line))
         except json.JSONDecodeError:
