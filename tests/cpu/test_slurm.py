@@ -1,0 +1,474 @@
+"""The submit scripts under a real Slurm: a private one-node cluster (tests/cpu/slurm_cluster.py) on this machine.
+
+Slurm (Debian's slurm-wlm) and munge must be installed and the tests must run as root: ./run_tests.sh installs
+the packages when they are missing (tests/cpu/install_slurm.sh). Where Slurm cannot run, every test here fails
+saying what is missing and how to install it; NG_SLURM_TESTS=skip turns that into a skip with the same message.
+
+- the harness: the cluster is private (own config, ports, munge key and socket), reaches idle, runs a batch job
+  with a step, and stops without leaving a process behind;
+- `sbatch submit_multienv.sh` with DRY_RUN=1 (both backends): the trainer command printed from inside the job;
+- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu through the script's real Slurm + Ray path (srun,
+  `ray start --block`, join, supervision, teardown), with the backend module and the trainer replaced by stubs
+  that record what they were given: Ray's resources, the backend's environment in Ray workers, the empty
+  CUDA_VISIBLE_DEVICES unset, Ray's token authentication; the job COMPLETES, or FAILS with a failing trainer's
+  status, or is CANCELLED by scancel: each time nothing of it is left running;
+- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu for real: verl's main_ppo trains one step through the
+  CPU backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; the job
+  COMPLETES and leaves no Ray, NeMo Gym or trainer process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(sys.executable).parent.parent
+SUBMIT = REPO / "submit_multienv.sh"
+CPU_BACKEND = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
+JOB_MARKER = "NG_SLURM_TEST_JOB"
+
+
+def _load_harness():
+    spec = importlib.util.spec_from_file_location("ng_slurm_cluster", Path(__file__).with_name("slurm_cluster.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+slurm_cluster = _load_harness()
+
+
+def require_slurm() -> None:
+    """Fail (or, with NG_SLURM_TESTS=skip, skip) naming what is missing; never pass without Slurm."""
+    reason = slurm_cluster.unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("NG_SLURM_TESTS") == "skip":
+        pytest.skip(f"NG_SLURM_TESTS=skip: {reason}")
+    pytest.fail(f"Slurm tests cannot run: {reason}", pytrace=False)
+
+
+def stop_and_check(cluster) -> None:
+    pids = [daemon.process.pid for daemon in cluster.daemons]
+    leftovers = cluster.stop()
+    assert leftovers == [], f"processes of the cluster or its jobs outlived it (killed now): {leftovers}"
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    assert alive == [], f"daemons still running: {alive}"
+    assert cluster.processes() == []
+    assert not cluster.root.exists()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    require_slurm()
+    cluster = slurm_cluster.SlurmCluster().start()
+    try:
+        yield cluster
+    finally:
+        stop_and_check(cluster)
+
+
+def wait_until_gone(cluster, marker: str, timeout_s: float = 30) -> list[str]:
+    """The processes carrying `marker` (KEY=VALUE) that are still alive after up to `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = cluster.describe(cluster.processes(marker))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
+# Ray's own start-up gives the raylet a fixed 30 s to register (ray/_private/node.py); on a 2-core machine that
+# other work keeps busy, `ray start` can miss it. That is no fault of the scripts (which then fail the job as they
+# should), so a job that failed exactly so is submitted once more, with a warning.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def submit_ray_job(cluster, tmp_path: Path, script: Path, *script_args: str, **kwargs):
+    """`submit`, once more (with a warning) if Ray's head missed Ray's own start-up deadline."""
+    record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)
+    if record.get("JobState") == "FAILED" and RAY_START_TIMEOUT in log and "exited before the Ray cluster" in log:
+        job = record.get("JobId")
+        warnings.warn(f"job {job}: `ray start` missed Ray's start-up deadline; submitting again", stacklevel=2)
+        record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)
+    return record, log, left
+
+
+def submit(cluster, tmp_path: Path, script: Path, *script_args: str, timeout_s: float, while_running=None, **env):
+    """sbatch `script` from the repository root (as a user would: the job finds the repository through
+    SLURM_SUBMIT_DIR), call `while_running(job_id)` if given, wait for the job's final state, and return (job
+    record, log text, processes of the job still alive 30 s after it ended)."""
+    token = uuid.uuid4().hex
+    log = tmp_path / "job-%j.log"
+    job_id = cluster.sbatch(
+        script, "--nodes=1", f"--output={log}", script_args=script_args, cwd=REPO, **{JOB_MARKER: token}, **env
+    )
+    if while_running is not None:
+        while_running(job_id)
+    record = cluster.wait_job(job_id, timeout_s)
+    log_path = Path(str(log).replace("%j", job_id))
+    text = log_path.read_text(errors="replace") if log_path.exists() else "(no log)"
+    left = wait_until_gone(cluster, f"{JOB_MARKER}={token}")
+    return record, text, left
+
+
+def job_failure(record: dict, log: str, cluster) -> str:
+    return (
+        f"JobState={record.get('JobState')} ExitCode={record.get('ExitCode')} Reason={record.get('Reason')}\n"
+        f"--- job log (last 80 lines) ---\n" + "\n".join(log.splitlines()[-80:]) + f"\n{cluster.log_tails()}"
+    )
+
+
+@pytest.fixture
+def ray_temp_dir():
+    """Ray's temporary folder for one job: short (Ray puts Unix sockets in it), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="ngray-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_config(tmp_path: Path, ray_temp_dir: str, **values: str) -> Path:
+    """config.env for submit_multienv.sh with data files that exist (empty unless written by the caller)."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for name in ("train.jsonl", "val.jsonl"):
+        (data / name).touch()
+    ray_port, dashboard_port = slurm_cluster.free_ports(2)
+    settings = {
+        "MODEL_PATH": str(tmp_path / "model"),
+        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "MULTIENV_TRAIN_FILES": str(data / "train.jsonl"),
+        "MULTIENV_VAL_FILES": str(data / "val.jsonl"),
+        "VENV": str(VENV),
+        "NNODES": "1",
+        "GPUS_PER_NODE": "8",
+        "RAY_PORT": str(ray_port),
+        "RAY_DASHBOARD_PORT": str(dashboard_port),
+        "RAY_TEMP_DIR": ray_temp_dir,
+        "RAY_JOIN_TIMEOUT_S": "240",
+        "RAY_POLL_INTERVAL_S": "5",
+        "STOP_GRACE_S": "30",
+        **values,
+    }
+    path = tmp_path / "config.env"
+    path.write_text("".join(f"{key}={shlex.quote(value)}\n" for key, value in settings.items()))
+    return path
+
+
+# --- when Slurm is missing, and its installation ------------------------------------------------------------
+
+
+def test_missing_slurm_fails_naming_the_commands_and_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(slurm_cluster, "SEARCH_PATH", str(tmp_path))  # no command found
+    monkeypatch.delenv("NG_SLURM_TESTS", raising=False)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        require_slurm()
+    message = str(failed.value)
+    assert "Slurm/munge commands not found: munged, slurmctld, slurmd, sbatch, srun" in message
+    assert "apt-get install -y --no-install-recommends slurm-wlm munge" in message
+    monkeypatch.setenv("NG_SLURM_TESTS", "skip")  # the explicit opt-out: a skip with the same message
+    with pytest.raises(pytest.skip.Exception, match="NG_SLURM_TESTS=skip: Slurm/munge commands not found"):
+        require_slurm()
+
+
+def test_install_step_is_quiet_when_installed_and_explains_when_it_will_not_install(tmp_path):
+    script = REPO / "tests" / "cpu" / "install_slurm.sh"
+    present = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, check=False)
+    if slurm_cluster.unavailable_reason() is None:
+        assert (present.returncode, present.stdout, present.stderr) == (0, "", "")
+    # Commands missing (an empty PATH here) and installation turned off: a message, never a failed test run.
+    env = {"PATH": str(tmp_path), "NG_SLURM_INSTALL": "0"}
+    off = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert off.returncode == 0, off.stderr
+    assert "Slurm commands missing (sbatch srun scontrol sinfo" in off.stderr
+    assert "NG_SLURM_INSTALL=0, not installing" in off.stderr
+    assert "apt-get install -y --no-install-recommends slurm-wlm munge" in off.stderr
+
+
+# --- the harness ----------------------------------------------------------------------------------------------
+
+
+def test_private_cluster_is_isolated_reaches_idle_and_stops_completely():
+    require_slurm()
+    cluster = slurm_cluster.SlurmCluster().start()
+    try:
+        conf = cluster.conf.read_text()
+        assert f"SlurmctldPort={cluster.ctld_port}\n" in conf and f"SlurmdPort={cluster.slurmd_port}\n" in conf
+        assert f"AuthInfo=socket={cluster.munge_socket}\n" in conf
+        assert "ProctrackType=proctrack/linuxproc\n" in conf and "SelectType=select/cons_tres\n" in conf
+        assert "AccountingStorageType=accounting_storage/none\n" in conf
+        # The controller that answers is ours: the running config is the file we wrote, on our port.
+        shown = cluster.run("scontrol", "show", "config").stdout
+        assert re.search(rf"^SLURM_CONF\s+= {re.escape(str(cluster.conf))}$", shown, re.M), shown
+        assert re.search(rf"^SlurmctldPort\s+= {cluster.ctld_port}$", shown, re.M), shown
+        node = slurm_cluster.parse_scontrol_record(cluster.run("scontrol", "show", "node", "--oneliner").stdout)
+        assert node["State"] == "IDLE" and node["CPUTot"] == str(os.cpu_count())
+        assert int(node["RealMemory"]) > 0
+        assert {daemon.name for daemon in cluster.daemons} == {"munged", "slurmctld", "slurmd"}
+        assert len(cluster.processes()) == 3
+    finally:
+        stop_and_check(cluster)
+
+
+def test_batch_job_with_a_step_completes(slurm, tmp_path):
+    script = tmp_path / "trivial.sh"
+    script.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST conf=$SLURM_CONF"\n'
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"\n'
+        "srun --overlap --nodes=1 --ntasks=1 hostname --ip-address\n"
+    )
+    record, log, left = submit(slurm, tmp_path, script, timeout_s=60)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", job_failure(record, log, slurm)
+    assert f"conf={slurm.conf}" in log and slurm.node in log.splitlines()[1]
+    assert left == []
+
+
+# --- the submit script, DRY_RUN --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu"])
+def test_dry_run_job_prints_the_trainer_command_from_inside_the_job(slurm, tmp_path, ray_temp_dir, backend):
+    if backend == "cpu" and not CPU_BACKEND.exists():
+        pytest.skip(f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree")
+    config = write_config(tmp_path, ray_temp_dir, TRAINING_BACKEND=backend)
+    record, log, left = submit(slurm, tmp_path, SUBMIT, timeout_s=120, CONFIG_ENV=str(config), DRY_RUN="1")
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", job_failure(record, log, slurm)
+    lines = log.splitlines()
+    start = lines.index(str(VENV / "bin" / "python"))
+    assert lines[start + 1 : start + 3] == ["-m", "verl.trainer.main_ppo"]
+    overrides = lines[start + 3 :]
+    assert f"trainer.default_local_dir='{tmp_path / 'ckpt'}'" in overrides
+    assert f"DRY_RUN: TRAINING_BACKEND={backend}; each node's 'ray start' gets:" in log
+    if backend == "cpu":
+        assert "trainer.device=cpu" in overrides and "trainer.n_gpus_per_node=1" in overrides
+        assert "--num-gpus=1 --num-cpus=8" in log
+    else:
+        assert "trainer.n_gpus_per_node=8" in overrides and "--num-gpus=8\n" in log
+    assert left == []
+
+
+# --- the submit script's Slurm + Ray path, backend and trainer stubbed -----------------------------------------
+
+STUB_OVERRIDES = [
+    "trainer.n_gpus_per_node=1",
+    "+ray_kwargs.ray_init.num_gpus=1",  # taken out of the trainer's overrides: sizes `ray start` instead
+    "ray_kwargs.ray_init.num_cpus=6",
+    "+stub.backend_override=1",
+]
+STUB_ENV = {"STUB_BACKEND_VAR": "from-the-backend", "VERL_USE_EXTERNAL_MODULES": "stub.activate"}
+
+# The trainer stand-in: joins the Ray cluster the script started (RAY_ADDRESS), records its arguments, Ray's
+# resources and what a one-GPU Ray task sees, leaves a child process behind for the job teardown to handle,
+# sleeps STUB_TRAINER_SLEEP seconds (a job to cancel meanwhile) and exits with STUB_TRAINER_EXIT.
+STUB_TRAINER = """
+import json, os, subprocess, sys, time
+import ray
+
+ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
+
+@ray.remote(num_gpus=1)
+def probe():
+    seen = {key: os.environ.get(key) for key in ("STUB_BACKEND_VAR", "VERL_USE_EXTERNAL_MODULES", "PYTHONPATH")}
+    return {**seen, "auth": (os.environ.get("RAY_AUTH_MODE"), len(os.environ.get("RAY_AUTH_TOKEN", "")))}
+
+report = {
+    "argv": sys.argv[1:],
+    "resources": ray.cluster_resources(),
+    "task": ray.get(probe.remote()),
+    "driver_cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"),
+}
+ray.shutdown()
+subprocess.Popen(["sleep", "600"])  # the trainer's own child: the job's teardown must not leave it
+with open(os.environ["STUB_REPORT"] + ".tmp", "w") as out:
+    json.dump(report, out)
+os.rename(os.environ["STUB_REPORT"] + ".tmp", os.environ["STUB_REPORT"])
+time.sleep(float(os.environ.get("STUB_TRAINER_SLEEP", "0")))
+sys.exit(int(os.environ.get("STUB_TRAINER_EXIT", "0")))
+"""
+
+
+def stub_venv(tmp_path: Path) -> Path:
+    """A VENV whose python runs the real interpreter, except for the CPU backend module (prints STUB_OVERRIDES /
+    STUB_ENV) and verl's trainer (runs STUB_TRAINER); `ray` is the real one."""
+    venv = tmp_path / "stub-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "ray").symlink_to(VENV / "bin" / "ray")
+    (tmp_path / "stub_trainer.py").write_text(STUB_TRAINER)
+    overrides = "\n".join(STUB_OVERRIDES)
+    env = "\n".join(f"{key}={value}" for key, value in STUB_ENV.items())
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "${1:-} ${2:-}" == "-m recipe.nemo_gym_testing.cpu_training" ]]; then\n'
+        f'    case "$3" in overrides) printf "%s\\n" {shlex.quote(overrides)} ;;'
+        f' env) printf "%s\\n" {shlex.quote(env)} ;; *) exit 2 ;; esac\n'
+        "    exit 0\n"
+        "fi\n"
+        'if [[ "${1:-} ${2:-}" == "-m verl.trainer.main_ppo" ]]; then\n'
+        f'    shift 2; exec {shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / "stub_trainer.py"))} "$@"\n'
+        "fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    return venv
+
+
+def cancel_once_training(cluster, report: Path, timeout_s: float = 400):
+    """A `while_running` callback: scancel the job once the stub trainer has written its report."""
+
+    def cancel(job_id: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not report.exists():
+            state = cluster.job(job_id).get("JobState")
+            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before it trained"
+            assert time.monotonic() < deadline, f"job {job_id} did not start training within {timeout_s} s"
+            time.sleep(1)
+        cluster.run("scancel", job_id)
+
+    return cancel
+
+
+@pytest.mark.parametrize("outcome", ["trainer-succeeds", "trainer-fails", "job-cancelled"])
+def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tmp_path, ray_temp_dir, outcome):
+    config = write_config(tmp_path, ray_temp_dir, TRAINING_BACKEND="cpu", VENV=str(stub_venv(tmp_path)))
+    report = tmp_path / "report.json"
+    record, log, left = submit_ray_job(
+        slurm,
+        tmp_path,
+        SUBMIT,
+        timeout_s=600,
+        while_running=cancel_once_training(slurm, report) if outcome == "job-cancelled" else None,
+        CONFIG_ENV=str(config),
+        STUB_REPORT=str(report),
+        STUB_TRAINER_EXIT="3" if outcome == "trainer-fails" else "0",
+        STUB_TRAINER_SLEEP="600" if outcome == "job-cancelled" else "0",
+        CUDA_VISIBLE_DEVICES="",  # as some CPU setups export it: Ray would refuse its logical GPU
+    )
+    failure = job_failure(record, log, slurm)
+    if outcome == "trainer-succeeds":
+        assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", failure
+        assert "submit: training finished" in log, failure
+    elif outcome == "trainer-fails":
+        assert record["JobState"] == "FAILED" and record["ExitCode"] == "3:0", failure
+        assert "the trainer exited with status 3" in log, failure
+    else:
+        # Slurm signals every process of the batch step at once (the script, the trainer, srun); the script's
+        # TERM trap still runs its teardown, and nothing may survive it.
+        assert record["JobState"] == "CANCELLED" and "submit: training finished" not in log, failure
+    assert report.exists(), failure
+    seen = json.loads(report.read_text())
+    # Ray was started by the script (srun ... ray start --block) with the backend's sizes.
+    assert seen["resources"]["GPU"] == 1.0 and seen["resources"]["CPU"] == 6.0, seen["resources"]
+    assert "unsetting the empty CUDA_VISIBLE_DEVICES" in log
+    assert seen["driver_cuda_visible_devices"] == "<unset>"
+    # The backend's environment reached a Ray worker, with the plugin's module list merged with the backend's.
+    assert seen["task"]["STUB_BACKEND_VAR"] == "from-the-backend"
+    assert seen["task"]["VERL_USE_EXTERNAL_MODULES"] == "recipe.nemo_gym.vllm_plugin,stub.activate"
+    assert seen["task"]["PYTHONPATH"].split(":")[0] == str(REPO)
+    # Token authentication, with the job's own token, in every process (and never in the log).
+    assert seen["task"]["auth"] == ["token", 64]
+    assert "RAY_AUTH_TOKEN" not in log
+    argv = seen["argv"]
+    assert argv.index("trainer.n_gpus_per_node=1") > argv.index("actor_rollout_ref.rollout.name=vllm")
+    assert "trainer.n_gpus_per_node=8" not in argv and "+stub.backend_override=1" in argv
+    assert not [item for item in argv if "ray_init.num_" in item]
+    assert (
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,stub.activate'"
+        in argv
+    )
+    if outcome != "job-cancelled":
+        assert "submit: stopping Ray head" in log, failure
+        assert "submit: stopping the processes the trainer (verl.trainer.main_ppo) left behind" in log, failure
+    assert left == [], f"left running after the job: {left}\n{failure}"
+
+
+# --- the real job on the CPU backend ---------------------------------------------------------------------------
+
+
+def write_blend(tmp_path: Path, rows_per_env: int) -> Path:
+    """NeMo Gym's example rows (from its wheel) for math and the workplace assistant, each with its agent,
+    interleaved: the blend submit_multienv.sh trains on."""
+    roots = [Path(p) for p in importlib.util.find_spec("resources_servers").submodule_search_locations]
+    sources = {
+        "math_with_judge_simple_agent": "math_with_judge/data/example.jsonl",
+        "workplace_assistant_simple_agent": "workplace_assistant/data/example.jsonl",
+    }
+    per_env = []
+    for agent, relative in sources.items():
+        path = next(root / relative for root in roots if (root / relative).is_file())  # a namespace package
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:rows_per_env]
+        per_env.append([{**row, "agent_ref": {"name": agent}} for row in rows])
+    blend = [row for pair in zip(*per_env, strict=False) for row in pair]
+    out = tmp_path / "blend.jsonl"
+    out.write_text("".join(json.dumps(row) + "\n" for row in blend))
+    return out
+
+
+@pytest.mark.timeout(1800)
+def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, tmp_path, ray_temp_dir):
+    if not CPU_BACKEND.exists():
+        pytest.skip(
+            f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree; this test runs the real job"
+        )
+    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+
+    blend = write_blend(tmp_path, rows_per_env=2)
+    config = write_config(
+        tmp_path,
+        ray_temp_dir,
+        TRAINING_BACKEND="cpu",
+        MODEL_PATH=str(tiny_qwen3_dir()),
+        MULTIENV_TRAIN_FILES=str(blend),
+        MULTIENV_VAL_FILES=str(blend),
+        TRAIN_BATCH_SIZE="2",
+        ROLLOUT_N="2",
+        PPO_MINI_BATCH_SIZE="2",
+        MICRO_BATCH_SIZE_PER_GPU="1",
+        MAX_PROMPT_LENGTH="4608",  # the workplace assistant's prompt carries 27 tools
+        MAX_RESPONSE_LENGTH="32",
+        TOTAL_TRAINING_STEPS="1",
+        SAVE_FREQ="-1",
+        TEST_FREQ="-1",
+        VAL_BEFORE_TRAIN="false",
+        LOGGER="console",
+        PROJECT_NAME="nemo_gym_slurm",
+        EXPERIMENT_NAME="cpu_backend",
+    )
+    record, log, left = submit_ray_job(
+        slurm,
+        tmp_path,
+        SUBMIT,
+        "data.dataloader_num_workers=0",
+        "reward.num_workers=1",
+        timeout_s=1500,
+        CONFIG_ENV=str(config),
+    )
+    failure = job_failure(record, log, slurm)
+    print(f"job {record.get('JobId')}: {record.get('JobState')} after RunTime={record.get('RunTime')}")
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", failure
+    assert "submit: training finished" in log, failure
+    assert re.search(r"\bstep:1 - ", log), failure  # verl's console logger: one line per training step
+    assert left == [], f"left running after the job (Ray, NeMo Gym or trainer processes): {left}"
