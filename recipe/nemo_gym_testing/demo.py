@@ -28,11 +28,20 @@ BLEND = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "demo_blend.yaml"
 UPPERCASE_ROWS = REPO_ROOT / "resources_servers" / "uppercase_share" / "data" / "train.jsonl"
 
 
+# The workplace rows as NeMo Gym ships them offer all 27 tools (~4,100 prompt tokens). On CPU every row of a
+# batch is padded to the longest prompt the job allows, so the demo offers three of them (~580 tokens) and
+# trains at a prompt length of 768 instead of 4,608: the same rows, a step about five times cheaper.
+WORKPLACE_TOOLS = ("company_directory_find_email_address", "email_search_emails", "email_reply_email")
+
+
 def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
     """NeMo Gym's shipped math and workplace example rows (with `agent_ref`) and our uppercase_share rows."""
     from recipe.nemo_gym.cpu_policy import harness
 
-    rows = harness.example_rows() * repeats_of_examples
+    rows = [
+        harness.with_tools(row, WORKPLACE_TOOLS) if row["agent_ref"]["name"].startswith("workplace") else row
+        for row in harness.example_rows()
+    ] * repeats_of_examples
     lines = [line for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
     rows += [json.loads(line) for line in lines[:uppercase_rows]]
     return rows
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=8,
         n=8,
-        prompt_length=4608,
+        prompt_length=768,
         response_length=32,
         lr=3e-1,  # a random-weight model moves only at a high rate (benchmarks/bench_uppercase_grpo.py)
         save_freq=args.steps,

@@ -137,6 +137,22 @@ def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, 
     return rows
 
 
+def with_tools(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """`row` offering the policy only the tools `names` (in the row's order); an unknown name is an error.
+
+    NeMo Gym's workplace rows list all 27 tools (~4,000 prompt tokens); the CPU jobs in the tests keep the ones
+    their scripted episodes call, so each training row is ~1,000 positions instead of ~5,000. The environment
+    still runs the calls: its tools do not depend on what the prompt listed.
+    """
+    params = row["responses_create_params"]
+    offered = [tool["name"] for tool in params.get("tools", [])]
+    missing = sorted(set(names) - set(offered))
+    if missing:
+        raise ValueError(f"row does not offer the tools {missing}; it offers {offered}")
+    tools = [tool for tool in params["tools"] if tool["name"] in names]
+    return {**row, "responses_create_params": {**params, "tools": tools}}
+
+
 def write_jsonl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))

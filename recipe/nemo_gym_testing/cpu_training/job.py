@@ -198,7 +198,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
-                log.write(line)
+                log.write(f"[{time.monotonic() - started:7.1f}s] {line}")  # where a slow start-up spends its time
                 if PROGRESS_MARKER in line:
                     console(_strip_ray_prefix(line))
                 for step in _read_steps(spec.metrics_file):

@@ -114,19 +114,18 @@ class CPUPolicyServerActor:
             "temperature": float(params.pop("temperature", 1.0)),
             "top_p": float(params.pop("top_p", 1.0)),
             "top_k": int(params.pop("top_k", -1)),
-            "logprobs": 0 if params.pop("logprobs", False) else None,
+            # Always asked for: the completion's token IDs are read from the log-prob entries ("token_id:<n>").
+            "logprobs": 0,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
         }
         result = await asyncio.to_thread(self._post, "/v1/completions", body)
         choice = result["choices"][0]
-        logprobs = choice.get("logprobs")
-        if logprobs is None:
-            raise ValueError("generate needs logprobs=True on the CPU policy: token IDs come from the log-probs")
+        logprobs = choice["logprobs"]
         token_ids = [int(token.removeprefix("token_id:")) for token in logprobs["tokens"]]
         return TokenOutput(
             token_ids=token_ids,
-            log_probs=[float(v) for v in logprobs["token_logprobs"]] if sampling_params.get("logprobs") else None,
+            log_probs=[float(v) for v in logprobs["token_logprobs"]] if params.get("logprobs") else None,
             stop_reason="completed" if choice.get("finish_reason") else None,
         )
 
