@@ -30,8 +30,6 @@ NG_PIN_NEMO_GYM="${NG_PIN_NEMO_GYM:-0.4.0}"
 NG_PIN_VLLM="${NG_PIN_VLLM:-0.24.0}"
 NG_EXTERNAL_MODULES="recipe.nemo_gym.vllm_plugin"
 NG_CPU_BACKEND_MODULE="${NG_CPU_BACKEND_MODULE:-recipe.nemo_gym_testing.cpu_training}"
-NG_MANAGER_CLASS="recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
-NG_DATASET_CLASS="NeMoGymJSONLDataset"
 
 ng_log() { echo "submit: $*" >&2; }
 ng_die() {
@@ -203,21 +201,19 @@ EOF
     fi
 }
 
-# Fill NG_OVERRIDES with every verl override of this job. Hydra keys that verl 0.9.1's config lacks carry `+`
-# (the manager class exists only on the AgentLoopConfig dataclass, not in rollout.yaml).
+# Fill NG_OVERRIDES with every verl override of this job: first the ones that plug the recipe into verl (trainer,
+# manager, its YAML, dataset), stated once in recipe/nemo_gym/verl_overrides.py, then this job's sizes and paths.
 ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experiment
-    local env_yaml=$1 train_var=$2 val_var=$3 experiment=$4
+    local env_yaml=$1 train_var=$2 val_var=$3 experiment=$4 plugin
     ng_check_data_files "$train_var"
     ng_check_data_files "$val_var"
     ng_refuse_quotes REPO_DIR MODEL_PATH CHECKPOINT_DIR PROJECT_NAME EXPERIMENT_NAME NEMO_GYM_CONFIG \
         "$train_var" "$val_var"
-    NG_OVERRIDES=(
-        trainer.use_v1=false
-        algorithm.adv_estimator=grpo
-        # By module name, not file path: verl's file loader names the module custom_module_<hash>, which a
-        # DataLoader worker started with spawn cannot import to unpickle the dataset.
-        data.custom_cls.path=pkg://recipe.nemo_gym.dataset
-        "data.custom_cls.name=$NG_DATASET_CLASS"
+    plugin=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipe.nemo_gym.verl_overrides \
+        "$(ng_q "${NEMO_GYM_CONFIG:-$env_yaml}")") ||
+        ng_die "'$PYTHON -m recipe.nemo_gym.verl_overrides' failed with status $? (its error is above)"
+    mapfile -t NG_OVERRIDES <<<"$plugin"
+    NG_OVERRIDES+=(
         "data.train_files=$(ng_hydra_list "${!train_var}")"
         "data.val_files=$(ng_hydra_list "${!val_var}")"
         "data.train_batch_size=$TRAIN_BATCH_SIZE"
@@ -231,15 +227,10 @@ ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experime
         "actor_rollout_ref.actor.kl_loss_coef=$KL_LOSS_COEF"
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$MICRO_BATCH_SIZE_PER_GPU"
         actor_rollout_ref.rollout.name=vllm
-        actor_rollout_ref.rollout.mode=async
-        actor_rollout_ref.rollout.multi_turn.enable=true
-        actor_rollout_ref.rollout.calculate_log_probs=true
         "actor_rollout_ref.rollout.n=$ROLLOUT_N"
         "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
         "actor_rollout_ref.rollout.gpu_memory_utilization=$GPU_MEMORY_UTILIZATION"
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$MICRO_BATCH_SIZE_PER_GPU"
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=$NG_MANAGER_CLASS"
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path=$(ng_q "${NEMO_GYM_CONFIG:-$env_yaml}")"
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=$(ng_q "$NG_EXTERNAL_MODULES")"
         "trainer.logger=[$LOGGER]"
         "trainer.project_name=$(ng_q "$PROJECT_NAME")"

@@ -125,8 +125,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[2, 8, 32])
     args = parser.parse_args()
 
+    server_patch.install()  # before the render object is built: its turn terminator is found then, as in a server
     render, _ = server_patch.build_render_serving(str(tiny_qwen3_dir()), max_model_len=8192)
-    server_patch.install()
     print(f"vLLM {server_patch.vllm_version()}, tiny Qwen3 (genuine tokenizer/template), {args.repeats} repeats")
     print(
         f"{'turns':>5} {'prompt tokens':>13} {'unpatched ms':>12} {'patched ms':>10} {'ratio':>6} {'renders':>8} "

@@ -1,30 +1,45 @@
 """The token-exact splice inside vLLM's chat preprocessing, so `/v1/chat/completions` and `/tokenize` agree.
 
 Contract:
-- `install()` wraps the `preprocess_chat` method of the class the installed vLLM renders chats with:
-  `vllm.renderers.online_renderer.OnlineRenderer` (0.25 and later) if present, else
-  `vllm.entrypoints.serve.render.serving.OpenAIServingRender` (0.20 to 0.24; checked against 0.24.0). Both
-  chat completions and `/tokenize` go through that one method. `install()` is idempotent. On a vLLM that has
-  neither, whose method does not take the arguments this wrapper relies on, or whose renderer lacks the
-  template-only step the prefix render uses, it raises `UnsupportedVLLMError` naming the version: at start,
-  never at the first request.
+- `install()` wraps the `preprocess_chat` method (and `__init__`, see below) of the class the installed vLLM
+  renders chats with: `vllm.renderers.online_renderer.OnlineRenderer` (0.25 and later) if present, else
+  `vllm.entrypoints.serve.render.serving.OpenAIServingRender` (0.20 to 0.24; checked against 0.24.0, the only
+  version this was run on: the 0.25+ path is written but untested). Both chat completions and `/tokenize` go
+  through that one method. `install()` is idempotent. On a vLLM that has neither, whose method does not take
+  the arguments this wrapper relies on, or whose renderer lacks the template-only step the prefix render uses,
+  it raises `UnsupportedVLLMError` naming the version: at start, never at the first request.
 - A request whose messages carry no token IDs is passed to vLLM's method untouched: its output is exactly
-  unpatched vLLM's.
+  unpatched vLLM's. (Its `ValueError`s are re-raised as vLLM's `VLLMValidationError`, see the refusals below.)
 - A request whose messages carry them (NeMo Gym's `vllm_model` server with `return_token_id_information`)
   costs one extra chat template render and no extra tokenization: vLLM's own method renders and tokenizes
   the request as sent (the full render); then a copy of the request with the history up to the last
   assistant message carrying IDs and no generation prompt is rendered to text only (the prefix render),
   and its EOS tokens are counted on that text (`recipe.nemo_gym.splice.count_eos_in_text`, when the EOS is a
   special token and guarded by the full render's text and IDs; otherwise the prefix text is tokenized and
-  IDs are counted). The prompt IDs are then replaced with `recipe.nemo_gym.splice.splice_with_eos_count(...)`;
-  the rules are in `recipe.nemo_gym.splice`. A refusal raises `SpliceError` (a ValueError), which vLLM
-  answers as HTTP 400 with the message.
+  IDs are counted). The prompt IDs are then replaced with `recipe.nemo_gym.splice.check_and_splice(...)`,
+  which also checks that the history's template text is what the model saw (rule 4: ID comparisons, decoding
+  only where the IDs differ); the rules are in `recipe.nemo_gym.splice`.
+- Refusals: a `SpliceError` is raised as a subclass of both `SpliceError` and vLLM's `VLLMValidationError`,
+  and vLLM's own `ValueError`s from chat preprocessing (e.g. tool call arguments that are not JSON) as
+  `VLLMValidationError`. vLLM answers both with the same 400 body as a plain `ValueError`, but from its own
+  handler: a plain `ValueError` reaches the catch-all handler, which Starlette runs in its outermost
+  middleware and then re-raises, logging a traceback and making uvicorn close the keep-alive connection
+  (other requests sharing it fail). Checked against vLLM 0.24.0.
 - The spliced engine input's prompt text (`engine_input["prompt"]`) is the decoded text of the spliced IDs
   where vLLM reads it, i.e. when the request asks for `return_prompt_text` or requests are logged; otherwise
   it is left out (vLLM then treats the prompt as token IDs only, as for a pre-tokenized prompt), because the
   full render's text is not the text of the spliced IDs and decoding them is not free.
-- EOS is the tokenizer's `eos_token_id`, unless the environment variable `NEMO_GYM_SPLICE_EOS_TOKEN_ID` names
-  another ID (for tokenizers whose EOS is not the chat template's turn terminator, e.g. Qwen base models).
+- EOS is the chat template's turn terminator, found when vLLM builds the render object (`__init__`, i.e. at
+  server start-up) by rendering a probe conversation once: the first special token the template writes after
+  an assistant message's content (`template_turn_terminator`). It is compared with the tokenizer's
+  `eos_token_id` and a difference is logged (published configs set `eos_token` to a base model's
+  `<|endoftext|>` or to `<unk>`; the template's is the token each rendered turn ends with). A template that
+  writes none (GLM 4.x) fails the start-up with `TemplateWithoutTerminatorError`, naming the template and the
+  override. The environment variable `NEMO_GYM_SPLICE_EOS_TOKEN_ID`, if set, names the ID instead (read per
+  request; the start-up probe is then skipped).
+- The generation prompt's part that the history does not write (`splice.GenerationPrompt`) is read from probe
+  renders with the request's template and arguments, cached per template and arguments, and only when a
+  template stretch's IDs differ from the full render's (rule 4's text path).
 - Not covered: harmony (gpt-oss) chat completions, which vLLM renders without `preprocess_chat`; multimodal
   prompts (refused: placeholder offsets would shift).
 
@@ -34,21 +49,33 @@ Importing this module has no side effects and does not import vLLM; `install()` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
 import inspect
+import json
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from recipe.nemo_gym.splice import (
+    PROBE_ASSISTANT,
+    PROBE_USER,
+    GenerationPrompt,
+    ProbeRenders,
     SpliceError,
+    check_and_splice,
     count_eos_in_text,
     find_true_prefix,
     has_token_ids,
-    splice_with_eos_count,
+    read_generation_prompt,
+    text_after_assistant,
+    turn_terminator,
 )
+
+logger = logging.getLogger(__name__)
 
 EOS_OVERRIDE_ENV = "NEMO_GYM_SPLICE_EOS_TOKEN_ID"
 
@@ -75,6 +102,11 @@ _PATCHED_FLAG = "__nemo_gym_splice_original__"
 
 class UnsupportedVLLMError(RuntimeError):
     """The installed vLLM has no chat preprocessing method this patch knows how to wrap."""
+
+
+class TemplateWithoutTerminatorError(RuntimeError):
+    """The chat template writes no special token after an assistant message: nothing ends a turn, so the splice
+    cannot count turns. Raised when vLLM builds its chat renderer (server start-up), not per request."""
 
 
 def vllm_version() -> str:
@@ -144,19 +176,127 @@ def install() -> None:
     if hasattr(original, _PATCHED_FLAG):
         return
     cls.preprocess_chat = _make_wrapper(original)
+    cls.__init__ = _make_init_wrapper(cls.__init__)
 
 
 def _eos_token_id(serving: Any) -> int:
+    """The splice's EOS: `NEMO_GYM_SPLICE_EOS_TOKEN_ID` if set, else the chat template's turn terminator."""
     override = os.environ.get(EOS_OVERRIDE_ENV)
     if override:
         try:
             return int(override)
         except ValueError:
             raise SpliceError(f"{EOS_OVERRIDE_ENV}={override!r} is not a token ID") from None
-    eos = serving.renderer.tokenizer.eos_token_id
-    if not isinstance(eos, int):
-        raise SpliceError(f"the tokenizer has no single EOS token ID (got {eos!r}); set {EOS_OVERRIDE_ENV}")
-    return eos
+    found = serving.__dict__.get(_TERMINATOR_ATTR)
+    if found is None:  # a render object built before `install()`, or whose start-up probe could not render
+        try:
+            found = template_turn_terminator(serving)
+        except TemplateWithoutTerminatorError as exc:
+            raise SpliceError(str(exc)) from None
+        setattr(serving, _TERMINATOR_ATTR, found)
+    return found
+
+
+_TERMINATOR_ATTR = "_nemo_gym_splice_terminator"
+_PROMPTS_ATTR = "_nemo_gym_splice_generation_prompts"
+
+
+def _probe_params(chat_params: Any, generation_prompt: bool) -> Any:
+    kwargs = {
+        **chat_params.chat_template_kwargs,
+        "add_generation_prompt": generation_prompt,
+        "continue_final_message": False,
+        "tools": None,
+    }
+    return dataclasses.replace(chat_params, chat_template_kwargs=kwargs)
+
+
+def _probe_renders(serving: Any, chat_params: Any) -> ProbeRenders:
+    """The probe conversation rendered four ways with these chat params (template and its arguments)."""
+    renderer, tokenizer = serving.renderer, serving.renderer.tokenizer
+    user = {"role": "user", "content": PROBE_USER}
+    exchange = [user, {"role": "assistant", "content": PROBE_ASSISTANT}]
+    continued = [*exchange, {"role": "user", "content": PROBE_USER}]
+
+    def text(messages: list[Any], generation_prompt: bool) -> str:
+        # `render_messages` is the synchronous twin of the renderer step the prefix render uses (vLLM 0.24.0).
+        _, prompt = renderer.render_messages(messages, _probe_params(chat_params, generation_prompt))
+        return prompt["prompt"] if "prompt" in prompt else tokenizer.decode(prompt["prompt_token_ids"])
+
+    return ProbeRenders(text([user], False), text([user], True), text(exchange, False), text(continued, False))
+
+
+def _default_chat_params(serving: Any) -> Any:
+    from vllm.renderers import ChatParams
+
+    return ChatParams(
+        chat_template=getattr(serving, "chat_template", None),
+        chat_template_content_format=getattr(serving, "chat_template_content_format", "auto"),
+        chat_template_kwargs=dict(getattr(serving, "default_chat_template_kwargs", None) or {}),
+    )
+
+
+def _template_source(serving: Any) -> str:
+    if getattr(serving, "chat_template", None):
+        return "the chat template given to vLLM (--chat-template)"
+    return f"the chat template of the tokenizer in {serving.model_config.tokenizer}"
+
+
+def template_turn_terminator(serving: Any) -> int:
+    """The token that ends an assistant turn in this server's chat template, found by rendering a probe
+    conversation once (at server start-up): the first special token the template writes after an assistant
+    message's content. Compared with the tokenizer's EOS, which published configs sometimes set to another
+    token (a base model's `<|endoftext|>`, `<unk>`); the template's is the one each turn of a rendered history
+    ends with, so the splice counts it. Raises `TemplateWithoutTerminatorError` for a template that writes none
+    (GLM 4.x: the next turn's role tag follows the content directly)."""
+    tokenizer = serving.renderer.tokenizer
+    if tokenizer is None:
+        raise TemplateWithoutTerminatorError(
+            f"the token-exact splice needs the tokenizer (vLLM was started without one); or set {EOS_OVERRIDE_ENV}"
+        )
+    after = text_after_assistant(_probe_renders(serving, _default_chat_params(serving)))
+    ids = tokenizer.encode(after, add_special_tokens=False) if after else []
+    special = set(tokenizer.all_special_ids)
+    added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(added):
+        special |= set(added().values())
+    found = turn_terminator(ids, special)
+    if found is None:
+        raise TemplateWithoutTerminatorError(
+            f"{_template_source(serving)} writes no special token after an assistant message (it writes "
+            f"{after!r} there), so no token ends a turn and the token-exact splice cannot count turns. Serve with a "
+            f"chat template that closes each assistant turn, or set {EOS_OVERRIDE_ENV} to the ID of the token "
+            f"that ends the model's turns"
+        )
+    eos = tokenizer.eos_token_id
+    if found != eos:
+        logger.warning(
+            "token-exact splice: %s ends assistant turns with token %d (%r), not with the tokenizer's EOS %r (%r); "
+            "the splice counts the template's",
+            _template_source(serving),
+            found,
+            tokenizer.decode([found]),
+            eos,
+            tokenizer.decode([eos]) if isinstance(eos, int) else None,
+        )
+    return found
+
+
+def _generation_prompt(serving: Any, chat_params: Any) -> GenerationPrompt:
+    """The generation prompt of these chat params, from probe renders cached per template and arguments."""
+    kwargs = {
+        k: v
+        for k, v in chat_params.chat_template_kwargs.items()
+        if k not in ("add_generation_prompt", "continue_final_message", "tools", "documents")
+    }
+    key = (chat_params.chat_template, json.dumps(kwargs, sort_keys=True, default=str))
+    cache = serving.__dict__.setdefault(_PROMPTS_ATTR, {})
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= 64:
+            cache.clear()
+        found = cache[key] = read_generation_prompt(_probe_renders(serving, chat_params))
+    return found
 
 
 def _materialise_tool_calls(messages: list[Any]) -> None:
@@ -193,6 +333,13 @@ async def _render_prefix_template(serving: Any, arguments: dict[str, Any], reque
     `OnlineRenderer.preprocess_chat` builds its `ChatParams` the same way and holds the same `renderer` and
     `model_config` attributes, and `install()` refuses a vLLM whose renderer lacks `render_messages_async`.
     """
+    chat_params = _chat_params(serving, arguments, request)
+    _, prompt = await serving.renderer.render_messages_async(messages, chat_params)
+    return prompt
+
+
+def _chat_params(serving: Any, arguments: dict[str, Any], request: Any) -> Any:
+    """The `ChatParams` vLLM's `preprocess_chat` builds for this request (see `_render_prefix_template`)."""
     from vllm.renderers import merge_kwargs
     from vllm.utils.mistral import is_mistral_tokenizer
 
@@ -205,15 +352,13 @@ async def _render_prefix_template(serving: Any, arguments: dict[str, Any], reque
             tokenize=is_mistral_tokenizer(renderer.tokenizer) or model_config.enable_prompt_embeds,
         ),
     )
-    chat_params = request.build_chat_params(
+    return request.build_chat_params(
         arguments["default_template"], arguments["default_template_content_format"]
     ).with_defaults(
         template_kwargs,
         default_media_io_kwargs=mm_config.media_io_kwargs if mm_config else None,
         default_mm_processor_kwargs=getattr(request, "mm_processor_kwargs", None),
     )
-    _, prompt = await renderer.render_messages_async(messages, chat_params)
-    return prompt
 
 
 def _prefix_eos_count(tokenizer: Any, prefix: Any, engine_input: Any, eos: int, add_special_tokens: bool) -> int:
@@ -259,41 +404,113 @@ def _set_prompt_text(serving: Any, request: Any, engine_input: Any) -> None:
         del engine_input["prompt"]
 
 
+@functools.cache
+def _refusal_type() -> type[SpliceError]:
+    """`SpliceError` that is also vLLM's `VLLMValidationError`.
+
+    vLLM 0.24 answers a plain `ValueError` with a 400 from its catch-all `Exception` handler, which Starlette
+    runs in its outermost middleware and then re-raises: the log gets a traceback per request and uvicorn closes
+    the keep-alive connection, failing other requests that share it. `VLLMValidationError` has a handler of its
+    own that answers the same 400 body and keeps the connection (checked against vLLM 0.24.0).
+    """
+    from vllm.exceptions import VLLMValidationError
+
+    class SpliceRefusal(SpliceError, VLLMValidationError):
+        def __init__(self, message: str):
+            ValueError.__init__(self, message)
+            self.parameter = None
+            self.value = None
+
+    return SpliceRefusal
+
+
+def _as_validation_error(exc: ValueError) -> ValueError:
+    """The same refusal as an exception vLLM answers with a 400 that keeps the connection (see `_refusal_type`)."""
+    from vllm.exceptions import VLLMValidationError
+
+    if isinstance(exc, VLLMValidationError):
+        return exc
+    if isinstance(exc, SpliceError):
+        return _refusal_type()(str(exc))
+    return VLLMValidationError(str(exc))
+
+
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     async def preprocess_chat(self: Any, *args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(self, *args, **kwargs)
-        messages = bound.arguments["messages"]
-        if not has_token_ids(messages):
-            return await original(self, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
-
-        _materialise_tool_calls(messages)
-        true_prefix = find_true_prefix(messages)
-        assert true_prefix is not None  # has_token_ids was true
-        # Copied before the full render: vLLM's tool parser may adjust the request it is given.
-        prefix_request = _prefix_request(arguments["request"])
-
-        conversation, engine_inputs = await original(self, *args, **kwargs)
-        engine_input = _token_engine_input(engine_inputs)
-        eos = _eos_token_id(self)
-        prefix = await _render_prefix_template(
-            self, arguments, prefix_request, list(messages[: true_prefix.message_index + 1])
-        )
-        n = _prefix_eos_count(
-            self.renderer.tokenizer, prefix, engine_input, eos, getattr(prefix_request, "add_special_tokens", False)
-        )
-        engine_input["prompt_token_ids"] = splice_with_eos_count(
-            true_prefix.token_ids, n, engine_input["prompt_token_ids"], eos
-        )
-        _set_prompt_text(self, arguments["request"], engine_input)
-        return conversation, engine_inputs
+        # vLLM's own ValueErrors here (e.g. tool call arguments that are not JSON) are bad requests too: all are
+        # answered as vLLM's validation error, the same 400 body without dropping the connection.
+        try:
+            return await _preprocess_chat(self, original, signature, args, kwargs)
+        except ValueError as exc:
+            refusal = _as_validation_error(exc)
+            if refusal is exc:
+                raise
+            raise refusal from exc
 
     setattr(preprocess_chat, _PATCHED_FLAG, original)
     return preprocess_chat
+
+
+async def _preprocess_chat(
+    self: Any, original: Callable[..., Any], signature: inspect.Signature, args: Any, kwargs: Any
+) -> Any:
+    bound = signature.bind(self, *args, **kwargs)
+    messages = bound.arguments["messages"]
+    if not has_token_ids(messages):
+        return await original(self, *args, **kwargs)
+    bound.apply_defaults()
+    arguments = bound.arguments
+
+    _materialise_tool_calls(messages)
+    true_prefix = find_true_prefix(messages)
+    assert true_prefix is not None  # has_token_ids was true
+    # Copied before the full render: vLLM's tool parser may adjust the request it is given.
+    prefix_request = _prefix_request(arguments["request"])
+
+    conversation, engine_inputs = await original(self, *args, **kwargs)
+    engine_input = _token_engine_input(engine_inputs)
+    eos = _eos_token_id(self)
+    prefix = await _render_prefix_template(
+        self, arguments, prefix_request, list(messages[: true_prefix.message_index + 1])
+    )
+    tokenizer = self.renderer.tokenizer
+    n = _prefix_eos_count(tokenizer, prefix, engine_input, eos, getattr(prefix_request, "add_special_tokens", False))
+    engine_input["prompt_token_ids"] = check_and_splice(
+        true_prefix,
+        n,
+        engine_input["prompt_token_ids"],
+        eos,
+        decode=tokenizer.decode,
+        generation_prompt=lambda: _generation_prompt(self, _chat_params(self, arguments, prefix_request)),
+        messages=messages,
+    )
+    _set_prompt_text(self, arguments["request"], engine_input)
+    return conversation, engine_inputs
+
+
+def _make_init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Find the chat template's turn terminator when vLLM builds its chat renderer, so that a template without
+    one fails the server's start-up (`TemplateWithoutTerminatorError`) instead of every spliced request."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if os.environ.get(EOS_OVERRIDE_ENV) or self.renderer.tokenizer is None:
+            return  # the override names the ID; a server without a tokenizer cannot splice, nor render a probe
+        try:
+            terminator = template_turn_terminator(self)
+        except TemplateWithoutTerminatorError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. no chat template: chat requests will fail anyway, not start-up
+            logger.warning("token-exact splice: could not render the probe conversation at start-up: %s", exc)
+            return
+        setattr(self, _TERMINATOR_ATTR, terminator)
+
+    setattr(__init__, _PATCHED_FLAG, original)
+    return __init__
 
 
 def uninstall() -> None:
@@ -302,15 +519,27 @@ def uninstall() -> None:
     original = getattr(cls.preprocess_chat, _PATCHED_FLAG, None)
     if original is not None:
         cls.preprocess_chat = original
+    original_init = getattr(cls.__init__, _PATCHED_FLAG, None)
+    if original_init is not None:
+        cls.__init__ = original_init
 
 
 def build_render_serving(
-    model_dir: str, *, served_model_name: str = "policy", tool_parser: str | None = "hermes", max_model_len: int = 8192
+    model_dir: str,
+    *,
+    served_model_name: str = "policy",
+    tool_parser: str | None = "hermes",
+    max_model_len: int = 8192,
+    chat_template: str | None = None,
+    tokenizer: str | None = None,
+    tokenizer_mode: str = "auto",
 ) -> tuple[Any, Any]:
     """vLLM 0.24's own chat render and `/tokenize` objects for a local model directory, with no engine.
 
     Returns `(OpenAIServingRender, ServingTokenization)` built the way vLLM's render-only server builds them,
-    on a CPU device config. For tests and benchmarks; the serving path itself never calls this.
+    on a CPU device config; `chat_template` (the template's text) replaces the tokenizer's, as vLLM's
+    `--chat-template` does; `tokenizer` (a directory) and `tokenizer_mode` are vLLM's options of those names.
+    For tests and benchmarks; the serving path itself never calls this.
     """
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
     from vllm.entrypoints.openai.models.protocol import BaseModelPath
@@ -319,7 +548,9 @@ def build_render_serving(
     from vllm.entrypoints.serve.tokenize.serving import ServingTokenization
     from vllm.renderers import renderer_from_config
 
-    model_config = ModelConfig(model=model_dir, tokenizer=model_dir, max_model_len=max_model_len)
+    model_config = ModelConfig(
+        model=model_dir, tokenizer=tokenizer or model_dir, tokenizer_mode=tokenizer_mode, max_model_len=max_model_len
+    )
     vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
     registry = OpenAIModelRegistry(
         model_config=model_config, base_model_paths=[BaseModelPath(name=served_model_name, model_path=model_dir)]
@@ -329,7 +560,7 @@ def build_render_serving(
         renderer_from_config(vllm_config),
         registry,
         request_logger=None,
-        chat_template=None,
+        chat_template=chat_template,
         chat_template_content_format="auto",
         enable_auto_tools=tool_parser is not None,
         tool_parser=tool_parser,

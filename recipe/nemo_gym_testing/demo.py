@@ -49,7 +49,7 @@ def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=6, help="GRPO steps")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "demo")
     args = parser.parse_args(argv)
 

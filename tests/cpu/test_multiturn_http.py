@@ -177,3 +177,53 @@ def test_tokenize_and_chat_completions_see_the_same_spliced_prompt_over_http(epi
     assert result["chat"] is not None and result["chat"] == result["tokenize"]
     last = turns[-1]
     assert result["tokenize"][: len(last["prompt"]) + len(last["generation"])] == last["prompt"] + last["generation"]
+
+
+async def _shared_pool_burst(root_url: str, valid: dict, refused: list[dict], n_valid: int) -> tuple[list, list]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
+    async with httpx.AsyncClient(base_url=root_url, timeout=300, limits=limits) as client:
+        bodies = [valid] * n_valid + refused * (n_valid // 4)
+        order = sorted(range(len(bodies)), key=lambda i: (i * 7919) % len(bodies))  # interleave both kinds
+        results = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=bodies[i]) for i in order), return_exceptions=True
+        )
+    by_index = dict(zip(order, results, strict=True))
+    return [by_index[i] for i in range(n_valid)], [by_index[i] for i in range(n_valid, len(bodies))]
+
+
+def test_refusals_keep_the_connection_and_valid_requests_sharing_the_pool_stay_exact(policy_server):
+    """Spliced requests and refused ones (an edited history, vLLM's own non-JSON tool arguments) over one
+    keep-alive pool: no transport error, every refusal a 400, every valid prompt exact, no traceback logged."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir()))
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    prompt = enc("<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n")
+    generation = [t for ch in "Hello there." for t in enc(ch)] + [EOS]
+    carrier = {"role": "assistant", "content": "Hello there.", "prompt_token_ids": prompt}
+    carrier |= {"generation_token_ids": generation, "generation_log_probs": [-0.5] * len(generation)}
+    history = [{"role": "user", "content": "Hi."}, carrier, {"role": "user", "content": "Bye."}]
+    expected = prompt + generation + enc("\n<|im_start|>user\nBye.<|im_end|>\n<|im_start|>assistant\n")
+    valid = {"model": SERVED_NAME, "messages": history, "return_token_ids": True, "max_tokens": 64}
+    truncated = {**valid, "messages": history[1:]}
+    bad_call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}
+    non_json = {
+        "model": SERVED_NAME,
+        "messages": [
+            {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [bad_call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        ],
+    }
+    log_start = policy_server.log_path.stat().st_size
+    ok, refused = asyncio.run(_shared_pool_burst(policy_server.root_url, valid, [truncated, non_json], 64))
+    errors = [r for r in ok + refused if isinstance(r, BaseException)]
+    assert errors == []
+    assert [r.status_code for r in ok] == [200] * len(ok)
+    assert all(r.json()["prompt_token_ids"] == expected for r in ok)
+    assert [r.status_code for r in refused] == [400] * len(refused)
+    assert all("token-exact splice refused: rule 2" in r.text for r in refused[0::2])
+    log = policy_server.log_path.read_bytes()[log_start:].decode("utf-8", errors="replace")
+    assert "Traceback" not in log

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def serving():
+    server_patch.install()  # before the render object is built: its turn terminator is found then, as in a server
     render, tokenization = server_patch.build_render_serving(str(tiny_qwen3_dir()))
-    server_patch.install()
     yield render, tokenization
     server_patch.uninstall()
 
@@ -259,6 +259,76 @@ def test_truncated_history_is_refused(serving, tok):
         chat_ids(serving, truncated)
 
 
+def _two_model_turns(serving, tok, tools=None):
+    """System, user, model turn, user, model turn, user: a history whose EOS count every edit below keeps."""
+    fields = {"tools": tools} if tools else {}
+    history = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "My name is Ada."}]
+    for text, follow in [("Hi Ada.", "What is my name?"), ("Ada.", "Thanks.")]:
+        prompt = chat_ids(serving, history, **fields)
+        history += [assistant(text, prompt, per_char(tok, text) + [EOS]), {"role": "user", "content": follow}]
+    return history
+
+
+def test_system_prompt_changed_between_turns_is_refused_naming_the_system_message(serving, tok):
+    history = _two_model_turns(serving, tok)
+    history[0] = {"role": "system", "content": "Be verbose."}
+    with pytest.raises(SpliceError, match=r"rule 4 .*first edited message: messages\[0\] \(role 'system'\)"):
+        chat_ids(serving, history)
+
+
+def test_earlier_user_message_redacted_is_refused_naming_it(serving, tok):
+    history = _two_model_turns(serving, tok)
+    history[1] = {"role": "user", "content": "My name is [redacted]."}
+    with pytest.raises(SpliceError, match=r"rule 4 .*first edited message: messages\[1\] \(role 'user'\)"):
+        chat_ids(serving, history)
+    with pytest.raises(SpliceError, match=r"rule 4"):
+        tokenize_ids(serving, history)
+
+
+@pytest.mark.parametrize("before,after", [(None, TOOLS), (TOOLS, None)], ids=["tools_added", "tools_removed"])
+def test_tools_changed_at_turn_two_are_refused(serving, tok, before, after):
+    history = _two_model_turns(serving, tok, tools=before)
+    fields = {"tools": after} if after else {}
+    with pytest.raises(SpliceError, match=r"rule 4 \(unedited history\) failed: the history before messages\[2\]"):
+        chat_ids(serving, history, **fields)
+
+
+def test_unedited_two_turn_history_is_spliced_exactly(serving, tok):
+    history = _two_model_turns(serving, tok)
+    last = history[-2]
+    assert chat_ids(serving, history) == last["prompt_token_ids"] + last["generation_token_ids"] + enc(
+        tok, "\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_assistant_with_empty_id_lists_is_refused_naming_the_message(serving, tok):
+    history = [
+        {"role": "user", "content": "Hi."},
+        assistant("Hello.", [], []),
+        {"role": "user", "content": "Bye."},
+    ]
+    with pytest.raises(SpliceError, match=r"messages\[1\]\.prompt_token_ids is empty"):
+        chat_ids(serving, history)
+
+
+def test_refusals_and_vllm_value_errors_are_vllm_validation_errors(serving, tok):
+    """vLLM answers its `VLLMValidationError` with a 400 that keeps the connection; a plain ValueError's 400
+    comes from the catch-all handler, which re-raises it (traceback, connection closed)."""
+    from vllm.exceptions import VLLMValidationError
+
+    history = _two_model_turns(serving, tok)
+    with pytest.raises(VLLMValidationError, match=r"token-exact splice refused: rule 2"):
+        chat_ids(serving, [history[0], *history[3:]])
+    bad_arguments = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}
+    plain = [
+        {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [bad_arguments]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    ]
+    with pytest.raises(VLLMValidationError):
+        chat_ids(serving, plain, tools=TOOLS)
+
+
 def test_generation_cut_at_length_limit_keeps_every_token_and_template_closes_the_turn(serving, tok):
     history = [{"role": "user", "content": "Count."}]
     prompt = chat_ids(serving, history)
@@ -399,6 +469,57 @@ def test_eos_override_from_environment_is_used(serving, tok, monkeypatch):
     monkeypatch.setenv(server_patch.EOS_OVERRIDE_ENV, str(ENDOFTEXT))  # not the template's turn terminator
     with pytest.raises(SpliceError, match=r"rule 1 .*no EOS token 151643"):
         chat_ids(serving, history)
+
+
+def _model_dir_with(tmp_path, tokenizer_config_update):
+    """The tiny Qwen3 model directory with its tokenizer_config.json changed, as another published config."""
+    import shutil
+
+    target = tmp_path / "model"
+    shutil.copytree(tiny_qwen3_dir(), target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config.update(tokenizer_config_update)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_tokenizer_whose_eos_is_not_the_template_terminator_splices_on_the_template_terminator(serving, tmp_path):
+    """A base model's config (EOS `<|endoftext|>`) with the instruct chat template: the turns end with
+    `<|im_end|>`, which the probe render finds; counting `<|endoftext|>` refused every request."""
+    render, _ = server_patch.build_render_serving(str(_model_dir_with(tmp_path, {"eos_token": "<|endoftext|>"})))
+    base = (render, None)
+    tok = render.renderer.tokenizer
+    assert tok.eos_token_id == ENDOFTEXT
+    history = [{"role": "user", "content": "Hi."}]
+    prompt = chat_ids(base, history)
+    generation = per_char(tok, "Hello there.") + [EOS]
+    history += [assistant("Hello there.", prompt, generation), {"role": "user", "content": "Bye."}]
+    assert chat_ids(base, history) == prompt + generation + enc(
+        tok, "\n<|im_start|>user\nBye.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+GLM_LIKE_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_template_without_turn_terminator_fails_when_the_server_builds_its_renderer(serving):
+    """No special token after an assistant message (GLM 4.x: the next role tag follows the content): refused at
+    start-up, naming the template and the override, instead of per request as an edited history."""
+    with pytest.raises(
+        server_patch.TemplateWithoutTerminatorError,
+        match=r"chat template given to vLLM \(--chat-template\) writes no special token after an assistant "
+        r"message.*NEMO_GYM_SPLICE_EOS_TOKEN_ID",
+    ):
+        server_patch.build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
+
+
+def test_template_without_turn_terminator_starts_when_the_override_names_one(serving, monkeypatch):
+    monkeypatch.setenv(server_patch.EOS_OVERRIDE_ENV, str(EOS))
+    render, _ = server_patch.build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
+    assert chat_ids((render, None), [{"role": "user", "content": "Hi"}])
 
 
 def test_nemo_gym_token_id_keys_survive_vllm_request_validation():

@@ -3,13 +3,21 @@
 import pytest
 
 from recipe.nemo_gym.splice import (
+    Generation,
+    GenerationPrompt,
+    ProbeRenders,
     SpliceError,
     TruePrefix,
+    check_and_splice,
+    check_unedited_history,
     count_eos_in_text,
     find_true_prefix,
     has_token_ids,
+    read_generation_prompt,
     splice_prompt_ids,
     splice_with_eos_count,
+    text_after_assistant,
+    turn_terminator,
 )
 
 EOS = 9
@@ -166,7 +174,9 @@ def test_find_true_prefix_takes_last_carrier_and_converts_decimal_strings():
         {"role": "user", "content": "c"},
     ]
     assert has_token_ids(messages)
-    assert find_true_prefix(messages) == TruePrefix(3, [1, 2, EOS, 3], [151667, 9])
+    assert find_true_prefix(messages) == TruePrefix(
+        3, [1, 2, EOS, 3], [151667, 9], (Generation(1, 1, 3), Generation(3, 4, 6))
+    )
     assert find_true_prefix(messages).token_ids == [1, 2, EOS, 3, 151667, 9]
 
 
@@ -195,3 +205,201 @@ def test_find_true_prefix_refuses_generation_split_over_two_assistant_messages()
     messages = [{"role": "user", "content": "a"}, _assistant([1], [2, EOS]), {"role": "assistant", "content": "b"}]
     with pytest.raises(SpliceError, match=r"one message per generation.*messages\[2\].*messages\[1\]"):
         find_true_prefix(messages)
+
+
+# -- malformed carriers (issue 12, fault 2) -----------------------------------------------------------------------
+
+
+def test_find_true_prefix_refuses_empty_id_lists_naming_the_message():
+    messages = [{"role": "user", "content": "a"}, _assistant([], []), {"role": "user", "content": "b"}]
+    with pytest.raises(SpliceError, match=r"messages\[1\]\.prompt_token_ids is empty"):
+        find_true_prefix(messages)
+
+
+def test_find_true_prefix_refuses_log_probs_that_do_not_match_the_generation_naming_the_message():
+    message = _assistant([1], [2, EOS], generation_log_probs=[-0.1])
+    with pytest.raises(SpliceError, match=r"messages\[1\] carries 2 generation_token_ids but 1 generation_log_probs"):
+        find_true_prefix([{"role": "user", "content": "a"}, message])
+
+
+def test_find_true_prefix_refuses_an_earlier_carrier_missing_its_generation_ids():
+    partial = {"role": "assistant", "content": "x", "prompt_token_ids": [1]}
+    messages = [partial, {"role": "user", "content": "b"}, _assistant([1, 2, EOS, 3], [4, EOS])]
+    with pytest.raises(SpliceError, match=r"messages\[0\] carries token IDs but has no 'generation_token_ids'"):
+        find_true_prefix(messages)
+
+
+def test_find_true_prefix_refuses_carriers_whose_ids_are_not_one_conversation_naming_both():
+    messages = [
+        {"role": "user", "content": "a"},
+        _assistant([1], [5, EOS]),  # the later prompt holds [2, EOS] where this generation should be
+        {"role": "user", "content": "b"},
+        _assistant([1, 2, EOS, 3], [4, EOS]),
+    ]
+    with pytest.raises(SpliceError, match=r"messages\[1\] and messages\[3\] carry mismatched token IDs"):
+        find_true_prefix(messages)
+
+
+# -- rule 4: the history's template text is what the model saw (issue 12, fault 1) ---------------------------------
+# Token IDs stand for text through DECODE; 20-29 are template text, 50-59 the model's generations.
+
+TEXT = {EOS: "<e>", 20: "<sys>", 21: "Be terse.", 22: "Be verbose.", 23: "<user>", 24: "hi", 25: "ok", 26: "<bot>"}
+TEXT |= {27: "[redacted]", 28: "<think>", 50: "Hello", 51: "Sure", 52: "Bye"}
+
+
+def decode(ids):
+    return "".join(TEXT[t] for t in ids)
+
+
+def no_prompt():
+    raise AssertionError("the generation prompt is read only when the IDs differ")
+
+
+def _two_turn(system=21, user=24):
+    """System, user, model turn, user, model turn; the true prefix of the second model turn."""
+    prompt1 = [20, system, EOS, 23, user, EOS, 26]
+    gen1 = [50, EOS]
+    prompt2 = prompt1 + gen1 + [23, 25, EOS, 26]
+    gen2 = [51, EOS]
+    messages = [
+        {"role": "system", "content": TEXT[system]},
+        {"role": "user", "content": TEXT[user]},
+        _assistant(prompt1, gen1),
+        {"role": "user", "content": "ok"},
+        _assistant(prompt2, gen2),
+        {"role": "user", "content": "ok"},
+    ]
+    return messages
+
+
+def test_rule_4_accepts_an_unedited_history_comparing_ids_only():
+    messages = _two_turn()
+    full = [20, 21, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    check_unedited_history(find_true_prefix(messages), full, EOS, decode, no_prompt, messages)
+
+
+def test_rule_4_refuses_a_system_prompt_changed_between_turns_naming_it():
+    messages = _two_turn()
+    messages[0] = {"role": "system", "content": "Be verbose."}
+    full = [20, 22, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]  # same EOS count
+    with pytest.raises(SpliceError, match=r"rule 4 .*messages\[2\].*first edited message: messages\[0\] "):
+        check_unedited_history(
+            find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("", ""), messages
+        )
+
+
+def test_rule_4_refuses_an_earlier_user_message_redacted_naming_it_and_showing_both_texts():
+    messages = _two_turn()
+    messages[1] = {"role": "user", "content": "[redacted]"}
+    full = [20, 21, EOS, 23, 27, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    with pytest.raises(
+        SpliceError, match=r"messages\[1\] \(role 'user'\).*'<sys>Be terse.<e><user>hi.*<user>\[redacted\]"
+    ):
+        check_unedited_history(
+            find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("", ""), messages
+        )
+
+
+def test_rule_4_refuses_a_hoisted_system_message_added_after_a_model_turn():
+    # A DeepSeek-style template renders every system message at the head, so a system message appended after
+    # the second model turn changes text the model saw before its first turn.
+    messages = _two_turn() + [{"role": "system", "content": "Be verbose."}]
+    full = [20, 21, 22, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    with pytest.raises(SpliceError, match=r"first edited message: messages\[6\] \(role 'system'\)"):
+        check_unedited_history(
+            find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("", ""), messages
+        )
+
+
+def test_rule_4_refuses_changed_template_text_in_no_message_as_changed_tools():
+    messages = _two_turn()
+    full = [20, 21, 28, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    with pytest.raises(SpliceError, match=r"no message text between messages\[0\] and messages\[2\] differs"):
+        check_unedited_history(
+            find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("", ""), messages
+        )
+
+
+def test_rule_4_accepts_a_generation_prompt_that_opens_reasoning_the_history_does_not_show():
+    # The generation prompt is `<bot><think>`, the history writes only `<bot>` before an assistant message.
+    prompt1 = [20, 21, EOS, 23, 24, EOS, 26, 28]
+    gen1 = [50, EOS]
+    messages = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "hi"},
+        _assistant(prompt1, gen1),
+        {"role": "user", "content": "ok"},
+    ]
+    full = [20, 21, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 28]
+    check_unedited_history(
+        find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("<bot><think>", "<bot>"), messages
+    )
+
+
+def test_rule_4_refuses_text_appended_to_a_user_message_just_before_a_reasoning_generation_prompt():
+    prompt1 = [20, 21, EOS, 23, 24, 26, 28]  # a template whose user turns do not end with EOS
+    messages = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "hiok"},
+        _assistant(prompt1, [50, EOS]),
+        {"role": "user", "content": "ok"},
+    ]
+    full = [20, 21, EOS, 23, 24, 25, 26, 50, EOS, 23, 25, 26, 28]
+    with pytest.raises(SpliceError, match=r"rule 4 .*first edited message: messages\[1\]"):
+        check_unedited_history(
+            find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("<bot><think>", "<bot>"), messages
+        )
+
+
+# -- the turn terminator and generation prompt from probe renders (issue 12, fault 3) ---------------------------
+
+
+def test_read_generation_prompt_splits_the_reasoning_opening_from_the_shared_header():
+    from recipe.nemo_gym.splice import PROBE_ASSISTANT as A
+    from recipe.nemo_gym.splice import PROBE_USER as Q
+
+    renders = ProbeRenders(
+        f"<u>{Q}", f"<u>{Q}<A><think>\n", f"<u>{Q}<A><think></think>{A}<e>", f"<u>{Q}<A>{A}<e><u>{Q}"
+    )
+    prompt = read_generation_prompt(renders)
+    assert prompt == GenerationPrompt("<A><think>\n", "<A>") and prompt.unshared == "<think>\n"
+
+
+def test_read_generation_prompt_reads_after_the_user_message_where_the_template_ignores_the_flag():
+    from recipe.nemo_gym.splice import PROBE_ASSISTANT as A
+    from recipe.nemo_gym.splice import PROBE_USER as Q
+
+    # Both [user] renders end with the generation prompt (vLLM's DeepSeek-V4 encoder ignores the flag).
+    renders = ProbeRenders(f"<u>{Q}<A><t>", f"<u>{Q}<A><t>", "", f"<u>{Q}<A></t>{A}<e><u>{Q}<A><t>")
+    assert read_generation_prompt(renders).unshared == "t>"  # read per character: `<t>` and `</t>` share `<`
+
+
+def test_read_generation_prompt_is_empty_when_the_probe_text_is_missing():
+    assert read_generation_prompt(ProbeRenders("", "<A>", "", "")) == GenerationPrompt("", "")
+
+
+def test_text_after_assistant_is_what_follows_the_probe_answer():
+    from recipe.nemo_gym.splice import PROBE_ASSISTANT
+
+    renders = ProbeRenders("", "", f"<u>q<A>{PROBE_ASSISTANT}<end>\n", "")
+    assert text_after_assistant(renders) == "<end>\n"
+
+
+def test_turn_terminator_is_the_first_special_token_after_the_assistant_content():
+    assert turn_terminator([198, 7, 151645, 198], {151645, 151643}) == 151645
+
+
+def test_turn_terminator_is_none_for_a_template_that_writes_no_special_token_after_the_content():
+    assert turn_terminator([198], {151645}) is None
+    assert turn_terminator([], {151645}) is None
+
+
+def test_hoisted_system_message_holding_the_eos_text_is_refused_not_cut_one_turn_early():
+    # The hoisted message adds an EOS at the head: rules 1 to 3 pass (the prefix render, without it, holds 5)
+    # and the 5th EOS of the full render closes the first model turn, not the second; rule 4 refuses.
+    messages = _two_turn() + [{"role": "system", "content": "Be verbose.<e>"}]
+    full = [20, 21, 22, EOS, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    tp = find_true_prefix(messages)
+    assert splice_with_eos_count(tp.token_ids, 5, full, EOS)[-8:] == [EOS, 26, 51, EOS, 23, 25, EOS, 26]
+    with pytest.raises(SpliceError, match=r"first edited message: messages\[6\] \(role 'system'\)"):
+        check_and_splice(tp, 5, full, EOS, decode, lambda: GenerationPrompt("", ""), messages)

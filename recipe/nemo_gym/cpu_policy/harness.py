@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from recipe.nemo_gym.verl_overrides import plugin_overrides
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 EXAMPLE_DATA = {
@@ -59,8 +61,7 @@ def cpu_trainer_overrides(
 ) -> list[str]:
     """The overrides a user passes to `main_ppo` for this plugin, sized for a CPU run."""
     return [
-        "trainer.use_v1=false",
-        "algorithm.adv_estimator=grpo",
+        *plugin_overrides(agent_loop_config_path),
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.n={n}",
@@ -69,15 +70,11 @@ def cpu_trainer_overrides(
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
         f"data.train_batch_size={batch_size}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={response_length}",
-        "data.custom_cls.path=pkg://recipe.nemo_gym.dataset",
-        "data.custom_cls.name=NeMoGymJSONLDataset",
     ]
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from recipe.nemo_gym import verl_overrides
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
 from recipe.nemo_gym_testing.cpu_training.rollout import SCRIPT_ENV
 
@@ -96,8 +97,7 @@ def plugin_overrides(spec: JobSpec, agent_loop_config: Path) -> list[str]:
     """What a user passes to `main_ppo` to train with this plugin (sized by `spec`), device-independent."""
     files = lambda paths: "[" + ",".join(f"'{p}'" for p in paths) + "]"  # noqa: E731
     return [
-        "trainer.use_v1=false",
-        "algorithm.adv_estimator=grpo",
+        *verl_overrides.plugin_overrides(agent_loop_config),
         f"actor_rollout_ref.model.path={spec.model_dir}",
         f"actor_rollout_ref.rollout.n={spec.n}",
         f"actor_rollout_ref.rollout.prompt_length={spec.prompt_length}",
@@ -105,11 +105,7 @@ def plugin_overrides(spec: JobSpec, agent_loop_config: Path) -> list[str]:
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        "data.custom_cls.path=pkg://recipe.nemo_gym.dataset",
-        "data.custom_cls.name=NeMoGymJSONLDataset",
         f"data.train_files={files(spec.train_files)}",
         f"data.val_files={files(spec.val_files)}",
         f"data.train_batch_size={spec.batch_size}",
@@ -172,8 +168,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Ray 2.60 gives a new local node a fixed 30 s to register with its GCS (`ray/_private/node.py`, not
+# configurable); on a 2-core machine busy with other work it sometimes misses that, before verl has done anything.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
 def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: float = 3600.0) -> JobResult:
-    """Run `main_ppo` to completion (bounded by `timeout_s`: then its process group is killed)."""
+    """Run `main_ppo` to completion (bounded by `timeout_s`: then its process group is killed). A run that failed
+    only because Ray's local node missed its start-up deadline is started once more, saying so."""
+    result, log_text = _run_once(spec, console, timeout_s, append=spec.resume)
+    if missed_ray_start(result, log_text):
+        console(f"main_ppo: Ray's local node missed its 30 s start-up deadline ({RAY_START_TIMEOUT!r}); once more")
+        result, _ = _run_once(spec, console, timeout_s, append=True)
+    return result
+
+
+def missed_ray_start(result: JobResult, log_text: str) -> bool:
+    """The run failed before any step, with Ray's start-up deadline message in its output."""
+    return result.returncode != 0 and not result.steps and RAY_START_TIMEOUT in log_text
+
+
+def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, append: bool) -> tuple[JobResult, str]:
     argv, env = main_ppo_command(spec)
     # verl's file logger truncates the file when it opens it: it only ever holds this run's steps.
     spec.metrics_file.unlink(missing_ok=True)
@@ -181,7 +196,8 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     console(f"main_ppo: full log {spec.log_file}; NeMo Gym server logs {spec.nemo_gym_log_dir}/")
     started = time.monotonic()
     shown: set[int] = set()
-    with open(spec.log_file, "a" if spec.resume else "w", buffering=1) as log:
+    this_run: list[str] = []
+    with open(spec.log_file, "a" if append else "w", buffering=1) as log:
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -199,8 +215,10 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(f"[{time.monotonic() - started:7.1f}s] {line}")  # where a slow start-up spends its time
+                if len(this_run) < 400:  # the start-up phase is all the retry decision reads
+                    this_run.append(line)
                 if PROGRESS_MARKER in line:
-                    console(_strip_ray_prefix(line))
+                    console(progress_text(line))
                 for step in _read_steps(spec.metrics_file):
                     if step["step"] not in shown:
                         shown.add(step["step"])
@@ -214,7 +232,8 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     for step in steps:
         if step["step"] not in shown:
             console(format_step(step))
-    return JobResult(returncode=proc.returncode, elapsed_s=time.monotonic() - started, steps=steps)
+    result = JobResult(returncode=proc.returncode, elapsed_s=time.monotonic() - started, steps=steps)
+    return result, "".join(this_run)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -227,8 +246,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
 _RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*pid=\d+[^)]*\)(\x1b\[[0-9;]*m)?\s*")
 
 
-def _strip_ray_prefix(line: str) -> str:
-    return _RAY_PREFIX.sub("", line.rstrip())
+# verl's log format in Ray workers: "WARNING:2026-11-23 16:18:43,651:<message>"
+_LOG_PREFIX = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d [\d:,]+:")
+
+
+def progress_text(line: str) -> str:
+    """A worker's progress line as the console shows it: without Ray's process tag or the log record prefix."""
+    return _LOG_PREFIX.sub("", _RAY_PREFIX.sub("", line.rstrip()))
 
 
 def _read_steps(path: Path) -> list[dict[str, Any]]:

