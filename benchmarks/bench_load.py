@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
-    from recipe.nemo_gym.gym_runtime import nemo_gym_install_root
+    from recipe.nemo_gym.gym.seams import nemo_gym_install_root
 
     report: dict[str, Any] = {
         "env": args.env,

@@ -46,7 +46,8 @@ from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.dataset import ROW_KEY
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
-from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+from recipe.nemo_gym.gym.launch import GymRuntime
+from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.metrics import (
     VALIDATION_FAILED_KEY,

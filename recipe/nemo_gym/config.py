@@ -4,8 +4,11 @@ Contract:
 - `${VAR}` / `$VAR` in any string value is expanded from the environment; a variable that is not set is an
   error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
 - Unknown keys are rejected by name, at start-up, before any server starts.
-- NeMo Gym config paths are relative to `nemo_gym.root`, which defaults to the directory holding the installed
-  `nemo_gym` package (site-packages), so a pip-installed NeMo Gym needs no clone.
+- NeMo Gym config paths are relative to `nemo_gym.root` when it is set; otherwise they resolve as NeMo Gym
+  resolves them, against the current directory first, then the directory holding the installed `nemo_gym`
+  package (site-packages), so a pip-installed NeMo Gym needs no clone.
+- Every default and every rule of a setting lives here; the runtime's spec (`gym.spec.GymServersSpec`) takes its
+  defaults from these models and checks its values with them.
 
 Example (see recipe/nemo_gym/configs/ for the shipped ones)::
 
@@ -22,7 +25,6 @@ Example (see recipe/nemo_gym/configs/ for the shipped ones)::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -49,7 +51,8 @@ class HeadServer(_Strict):
 
 class NeMoGymSection(_Strict):
     root: Path | None = None
-    """NeMo Gym's root; relative `config_paths` resolve against it. Default: the installed package's parent."""
+    """NeMo Gym's root; relative `config_paths` resolve against it. Unset: NeMo Gym's own rule (the current
+    directory, then the installed package's parent)."""
     config_paths: list[str] = Field(min_length=1)
     """The training model server config plus one config per environment."""
     config_overrides: dict[str, Any] = Field(default_factory=dict)
@@ -59,24 +62,37 @@ class NeMoGymSection(_Strict):
     uses_reasoning_parser: bool = False
     """Must match whether verl's vLLM servers run a reasoning parser."""
     venv_dir: Path | None = None
-    """Where per-server `.venv` links to the running environment are made. Default: a temporary folder."""
+    """Where per-server `.venv` links to the running environment are made. Default: `nemo_gym_venvs` under the
+    plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`)."""
     log_dir: Path | None = None
 
     def resolved_root(self) -> Path:
         if self.root is not None:
             return self.root
-        spec = importlib.util.find_spec("nemo_gym")
-        if spec is None or spec.origin is None:
-            raise ConfigError("nemo_gym.root is not set and the nemo_gym package is not installed")
-        return Path(spec.origin).resolve().parent.parent
+        from recipe.nemo_gym.gym.errors import GymConfigError
+        from recipe.nemo_gym.gym.seams import nemo_gym_install_root
+
+        try:
+            return nemo_gym_install_root()
+        except GymConfigError as e:
+            raise ConfigError(f"nemo_gym.root is not set and {e}") from e
+
+    def rooted_config_paths(self) -> list[str]:
+        """`config_paths` as NeMo Gym is handed them: relative ones made absolute under `root` when it is set."""
+        if self.root is None:
+            return list(self.config_paths)
+        return [p if Path(p).is_absolute() else str(self.root / p) for p in self.config_paths]
 
     def resolved_config_paths(self) -> list[Path]:
-        root = self.resolved_root()
-        paths = [p if p.is_absolute() else root / p for p in map(Path, self.config_paths)]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise ConfigError(f"nemo_gym.config_paths: file(s) not found: {', '.join(missing)} (root: {root})")
-        return paths
+        """Where each config is read from, by the rule the runtime checks before it starts anything
+        (`gym.seams.check_config_paths`: absolute as given, else the current directory, then NeMo Gym's root)."""
+        from recipe.nemo_gym.gym.errors import GymConfigError
+        from recipe.nemo_gym.gym.seams import check_config_paths, nemo_gym_install_root
+
+        try:
+            return check_config_paths(self.rooted_config_paths(), Path.cwd(), nemo_gym_install_root())
+        except GymConfigError as e:
+            raise ConfigError(f"nemo_gym.config_paths: {e}") from e
 
 
 class Timeouts(_Strict):

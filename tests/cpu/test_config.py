@@ -49,3 +49,25 @@ def test_missing_file_and_out_of_range_values_are_errors(tmp_path):
     path.write_text("nemo_gym:\n  config_paths: [a.yaml]\nfailures:\n  max_fraction: 2\n")
     with pytest.raises(ConfigError, match=r"failures\.max_fraction"):
         load_config(path)
+
+
+def test_config_paths_resolve_by_the_rule_the_runtime_checks(tmp_path, monkeypatch):
+    """One rule (`gym.seams.check_config_paths`): the current directory first, then NeMo Gym's root; with
+    `nemo_gym.root` set, relative paths are taken under it, as `GymServersSpec.from_config` hands them on."""
+    from recipe.nemo_gym.gym.seams import nemo_gym_install_root
+
+    model = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
+    local = tmp_path / "resources_servers/mine/configs/mine.yaml"
+    local.parent.mkdir(parents=True)
+    local.write_text("x: 1\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"nemo_gym:\n  config_paths: [{model}, resources_servers/mine/configs/mine.yaml]\n")
+    monkeypatch.chdir(tmp_path)
+    section = load_config(path).nemo_gym
+    assert section.rooted_config_paths() == section.config_paths
+    assert section.resolved_config_paths() == [nemo_gym_install_root() / model, local]
+    path.write_text(f"nemo_gym:\n  root: {tmp_path / 'elsewhere'}\n  config_paths: [{model}]\n")
+    section = load_config(path).nemo_gym
+    assert section.rooted_config_paths() == [str(tmp_path / "elsewhere" / model)]
+    with pytest.raises(ConfigError, match=r"not found: .*elsewhere/responses_api_models"):
+        section.resolved_config_paths()

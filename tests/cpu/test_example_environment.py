@@ -11,12 +11,9 @@
 from __future__ import annotations
 
 import asyncio
-import builtins
-import contextlib
 import dataclasses
 import importlib.util
 import json
-import os
 import socket
 import sys
 import threading
@@ -29,7 +26,9 @@ from types import ModuleType
 import pytest
 
 from recipe.nemo_gym.config import load_config
-from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+from recipe.nemo_gym.gym.launch import GymRuntime
+from recipe.nemo_gym.gym.seams import restore_process_globals
+from recipe.nemo_gym.gym.spec import GymServersSpec
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_DIR = REPO / "resources_servers" / "uppercase_share"
@@ -51,31 +50,13 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def _contained_nemo_gym_import():
-    """Importing nemo_gym sets HF_HOME & co, replaces builtins.print and extends sys.path: undo that here."""
-    keys = ("HF_HOME", "HF_DATASETS_CACHE", "TOKENIZERS_PARALLELISM", "UV_CACHE_DIR")
-    env = {key: os.environ.get(key) for key in keys}
-    saved_print, saved_path = builtins.print, list(sys.path)
-    try:
-        yield
-    finally:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        builtins.print = saved_print
-        sys.path[:] = saved_path
-
-
 @pytest.fixture(scope="module")
 def app() -> ModuleType:
     """The server's app.py, loaded from its file as NeMo Gym runs it (a script in its folder, not a package)."""
     spec = importlib.util.spec_from_file_location("uppercase_share_app", ENV_DIR / "app.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # pydantic resolves the models' annotations through sys.modules
-    with _contained_nemo_gym_import():
+    with restore_process_globals():
         spec.loader.exec_module(module)
     return module
 
@@ -132,7 +113,7 @@ def test_reward_is_graded_and_bounded(app) -> None:
 def test_verify_grades_the_assistant_messages_joined_and_reports_the_counts(app) -> None:
     from unittest.mock import MagicMock
 
-    with _contained_nemo_gym_import():
+    with restore_process_globals():
         from nemo_gym.base_resources_server import BaseVerifyRequest
         from nemo_gym.server_utils import ServerClient
 

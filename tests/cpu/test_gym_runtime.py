@@ -27,26 +27,24 @@ import pytest
 
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
-from recipe.nemo_gym.gym_runtime import (
+from recipe.nemo_gym.gym.collect import run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.errors import (
     GymConfigError,
-    GymRuntime,
     GymRuntimeError,
     GymServerDied,
-    GymServersSpec,
     GymStartTimeout,
     HeadPortInUseError,
-    ServerInstance,
-    build_global_config_dict,
+)
+from recipe.nemo_gym.gym.launch import GymRuntime, check_port_free
+from recipe.nemo_gym.gym.seams import (
     check_config_paths,
-    check_port_free,
     link_server_venvs,
     nemo_gym_install_root,
     resolve_config_path,
-    run_examples_in_order,
     server_instances,
-    validate_examples,
     write_interpreter_shim,
 )
+from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
 
 WORKPLACE = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"
 MATH = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
@@ -282,8 +280,8 @@ timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
         ({"config_paths": ()}, "config_paths is empty"),
         ({"policy_base_urls": ("localhost:8000",)}, "not an http(s) URL"),
         ({"overrides": {"head_server": {"port": 1}}}, "['head_server']"),
-        ({"head_server_port": 70000}, "not a TCP port"),
-        ({"startup_timeout_s": 0}, "startup_timeout_s must be positive"),
+        ({"head_server_port": 70000}, "head_server_port: Input should be less than or equal to 65535, got 70000"),
+        ({"startup_timeout_s": 0}, "startup_timeout_s: Input should be greater than 0, got 0"),
     ],
 )
 def test_spec_rejects_bad_fields_naming_them(kwargs: dict, needle: str) -> None:
@@ -542,7 +540,8 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(tmp_
 CHILD = """
 import os, signal, sys, threading, time
 from pathlib import Path
-from recipe.nemo_gym.gym_runtime import GymRuntime, GymServersSpec
+from recipe.nemo_gym.gym.launch import GymRuntime
+from recipe.nemo_gym.gym.spec import GymServersSpec
 
 port, ray_address, tmp, mode = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 spec = GymServersSpec(

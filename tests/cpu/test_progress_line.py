@@ -1,4 +1,4 @@
-"""The progress line a batch logs while NeMo Gym runs it (`gym_runtime.ProgressLine`, `run_examples_in_order`)."""
+"""The progress line a batch logs while NeMo Gym runs it (`gym.collect.ProgressLine`, `run_examples_in_order`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.gym_runtime import ProgressLine, run_examples_in_order
+from recipe.nemo_gym.gym.collect import ProgressLine, run_examples_in_order
 
 
 class FakeClock:
@@ -20,7 +20,7 @@ class FakeClock:
 def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episode(caplog):
     clock = FakeClock()
     line = ProgressLine(interval_s=10.0, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym_runtime"):
+    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
         clock.now = 105.0
         line(1, 0, 4)  # 5 s in: too soon
         clock.now = 111.0

@@ -1,0 +1,192 @@
+"""Rows posted to their agents' `/run`, outcomes returned in input order, under a deadline and health checks.
+
+Contract:
+- `run_examples_in_order(examples, post_run, deadline_s, ...)` runs `post_run(index, row)` for every row
+  concurrently and returns one `RowOutcome` per row, in input order: the agent's result dict, or the
+  `EpisodeFailure` that `post_run` decided (`make_post_run`, with the causes of `outcomes.py`). A dead NeMo Gym
+  server, an unreachable policy server (the health check raises) or an expired deadline cancels every pending
+  request and raises `RolloutAborted` naming the servers or the pending rows.
+- It runs on the caller's event loop and enters none itself; `GymRuntime` puts it on the runtime's loop.
+
+Why rows are posted one by one instead of through NeMo Gym's `RolloutCollectionHelper.run_examples`: in 0.4.0
+that method yields awaitables in completion order, and an example that fails raises from its awaitable without
+its row, so a failure cannot be tied to the row it belongs to. `make_post_run` does what `run_examples` does per
+row (the public `ServerClient.post` to `/run`, `raise_for_status`, `get_response_json`) and keeps each row's
+index with its request. Nothing in 0.4.0 times out (`ServerClient.post` retries connection errors every 0.5 s
+forever), hence the batch deadline and the health checks while a batch waits. After an abort, NeMo Gym's model
+server may go on retrying a dead policy server for requests nobody waits for any more; those loops end with the
+NeMo Gym servers (`GymRuntime.shutdown`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
+from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
+from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_failure
+from recipe.nemo_gym.gym.seams import NeMoGymAPI
+
+logger = logging.getLogger(__name__)
+
+# One row's outcome: the agent's `/run` result, or why the row cannot be trained on.
+RowOutcome = dict[str, Any] | EpisodeFailure
+
+
+def validate_examples(examples: Sequence[Mapping[str, Any]], agent_names: Collection[str]) -> list[str]:
+    """Each row's agent server name; raises `ValueError` naming the first bad row."""
+    agents = []
+    for i, row in enumerate(examples):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"row {i}: expected a mapping, got {type(row).__name__}")
+        agent_ref = row.get("agent_ref")
+        name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"row {i}: missing agent_ref.name (the agent server that runs the episode)")
+        if name not in agent_names:
+            raise ValueError(
+                f"row {i}: agent_ref.name {name!r} is not an agent of this NeMo Gym configuration "
+                f"(agents: {sorted(agent_names)})"
+            )
+        if "responses_create_params" not in row:
+            raise ValueError(f"row {i}: missing responses_create_params")
+        agents.append(name)
+    return agents
+
+
+async def run_examples_in_order(
+    examples: Sequence[Mapping[str, Any]],
+    post_run: Callable[[int, Mapping[str, Any]], Any],
+    deadline_s: float,
+    health_check: Callable[[], Any] | None = None,
+    health_check_interval_s: float = 2.0,
+    max_concurrency: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> list[RowOutcome]:
+    """Run `post_run(index, row)` for every row concurrently; return outcomes in input order.
+
+    `progress(done, failed, total)`, when given, is called after every wake-up of the wait loop (at least every
+    `health_check_interval_s` while rows are pending, and once when all are done).
+
+    Each row's outcome is tied to its index by the task that ran it, not by a field of the result: in 0.4.0
+    no field a caller adds to a row survives into `simple_agent`'s result (its verify response drops them).
+
+    `post_run` returns the row's result dict or an `EpisodeFailure`. `health_check` (a function, or a coroutine
+    function) runs before the first request and every `health_check_interval_s` while rows are pending; if it
+    raises `GymServerDied`, or `deadline_s` passes, every pending request is cancelled and `RolloutAborted` is
+    raised.
+    """
+    if deadline_s <= 0:
+        raise ValueError(f"deadline_s must be positive, got {deadline_s}")
+    n = len(examples)
+    outcomes: list[RowOutcome | None] = [None] * n
+    if n == 0:
+        return []
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(i: int) -> RowOutcome:
+        if semaphore is None:
+            return await post_run(i, examples[i])
+        async with semaphore:
+            return await post_run(i, examples[i])
+
+    loop = asyncio.get_running_loop()
+    if health_check is not None:
+        await _health_or_abort(health_check, pending=n, total=n)
+    # Not `asyncio.timeout`/`TaskGroup`: the wait wakes every interval for health checks and progress, and a row's
+    # failure is its outcome, not an exception that should cancel the others.
+    deadline = loop.time() + deadline_s
+    tasks = {asyncio.create_task(one(i), name=f"nemo-gym-row-{i}"): i for i in range(n)}
+    pending = set(tasks)
+    failed = 0
+    try:
+        while pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                rows = sorted(tasks[t] for t in pending)
+                shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
+                raise RolloutAborted(
+                    f"NeMo Gym batch passed its deadline of {deadline_s:g}s with {len(pending)} of {n} episodes "
+                    f"pending (rows {shown}); they were cancelled"
+                )
+            done, pending = await asyncio.wait(
+                pending, timeout=min(health_check_interval_s, remaining), return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                outcome = outcomes[tasks[task]] = task.result()
+                failed += isinstance(outcome, EpisodeFailure)
+            if progress is not None:
+                progress(n - len(pending), failed, n)
+            if pending and health_check is not None:
+                await _health_or_abort(health_check, pending=len(pending), total=n)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+    return outcomes  # type: ignore[return-value]  # every slot is filled once no task is pending
+
+
+class ProgressLine:
+    """Logs "NeMo Gym rollout: <done>/<total> episodes done (<failed> failed), <t> s" while a batch runs.
+
+    At most one line every `interval_s`, plus the line for the last episode, so a long batch shows it is moving
+    without flooding the console. Logged at WARNING level: verl 0.9.1 sets the root logger to WARNING in every
+    process, and this line is meant to be seen.
+    """
+
+    def __init__(self, interval_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self.started = clock()
+        self.last_logged = self.started
+
+    def __call__(self, done: int, failed: int, total: int) -> None:
+        now = self.clock()
+        if done < total and now - self.last_logged < self.interval_s:
+            return
+        self.last_logged = now
+        logger.warning(
+            "NeMo Gym rollout: %d/%d episodes done (%d failed), %.0f s", done, total, failed, now - self.started
+        )
+
+
+async def _health_or_abort(health_check: Callable[[], Any], pending: int, total: int) -> None:
+    try:
+        outcome = health_check()
+        if inspect.isawaitable(outcome):
+            await outcome
+    except PolicyServerUnreachable as e:
+        raise RolloutAborted(
+            f"policy server(s) {list(e.servers)} unreachable with {pending} of {total} episodes pending (NeMo Gym "
+            f"retries an unreachable policy server forever, so the batch was aborted):\n{e}"
+        ) from e
+    except GymServerDied as e:
+        raise RolloutAborted(
+            f"NeMo Gym server(s) {list(e.servers)} died with {pending} of {total} episodes pending:\n{e}"
+        ) from e
+
+
+def make_post_run(server_client: Any, ng: NeMoGymAPI) -> Callable[[int, Mapping[str, Any]], Any]:
+    from aiohttp import ClientError, ClientResponseError
+
+    async def post_run(index: int, row: Mapping[str, Any]) -> RowOutcome:
+        agent = row["agent_ref"]["name"]
+        try:
+            response = await server_client.post(server_name=agent, url_path="/run", json=row)
+            await ng.raise_for_status(response)
+            result = await ng.get_response_json(response)
+        except ClientResponseError as e:
+            return server_error_failure(index, agent, e.status, getattr(e, "response_content", None) or e.message)
+        except (ClientError, ValueError) as e:  # a broken connection mid-body, or a body that is not JSON
+            return server_error_failure(index, agent, None, repr(e))
+        if not isinstance(result, dict):
+            return server_error_failure(index, agent, response.status, f"result is not a JSON object: {result!r}")
+        return context_overflow_failure(index, result) or result
+
+    return post_run

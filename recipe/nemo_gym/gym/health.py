@@ -1,0 +1,200 @@
+"""Liveness of NeMo Gym's servers (by process, HTTP on request) and of the policy servers (by HTTP).
+
+Contract:
+- `server_health(servers, table, http_timeout_s)` is cheap (process liveness; HTTP only with a timeout) and
+  names each dead server and why; `check_server_health` raises `GymServerDied` naming every dead server.
+- A policy server is alive when it answers `GET <root>/health` with any HTTP status within the probe's timeout
+  (`probe_policy_server`, which never raises for a network fault). What makes NeMo Gym 0.4.0 hang is a policy
+  server that does not answer at all: its model server retries connection errors every 0.5 s forever. An
+  answering server's errors reach the rows as HTTP errors instead. The policy servers are not NeMo Gym
+  processes (verl runs them), so they are probed over HTTP, not by process.
+- `PolicyWatch` raises `PolicyServerUnreachable` once a server has failed `max_failures` probes in a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
+from recipe.nemo_gym.gym.processes import ProcessTable, exit_description
+from recipe.nemo_gym.gym.seams import log_tail
+from recipe.nemo_gym.gym.spec import ServerInstance
+
+
+def http_alive(host: str, port: int, timeout_s: float) -> bool:
+    """NeMo Gym's readiness criterion: the server answers a GET / with any HTTP response."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/")
+        conn.getresponse().read()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------------------------ NeMo Gym's servers
+
+
+@dataclass(frozen=True)
+class ServerHealth:
+    name: str
+    alive: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    servers: tuple[ServerHealth, ...]
+
+    @property
+    def dead(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.servers if not s.alive)
+
+    @property
+    def ok(self) -> bool:
+        return not self.dead
+
+
+def server_health(
+    servers: Sequence[ServerInstance], table: ProcessTable | None, http_timeout_s: float | None = None
+) -> HealthReport:
+    """Process liveness of every server (and, with `http_timeout_s`, whether each answers HTTP)."""
+    exits: dict[str, int] = {}
+    started: set[str] = set()
+    if table is not None:
+        table.refresh()
+        exits, started = dict(table.dead_servers()), table.started()
+    report = []
+    for server in servers:
+        if server.name in exits:
+            report.append(ServerHealth(server.name, False, f"process {exit_description(exits[server.name])}"))
+        elif server.name not in started:
+            report.append(ServerHealth(server.name, False, "process never started"))
+        elif http_timeout_s is not None and not http_alive(server.host, server.port, http_timeout_s):
+            report.append(ServerHealth(server.name, False, f"no HTTP answer at {server.url}"))
+        else:
+            report.append(ServerHealth(server.name, True, "running"))
+    if table is not None and table.view.head_thread_alive() is False:
+        report.append(ServerHealth("head_server", False, "head server thread stopped"))
+    return HealthReport(tuple(report))
+
+
+def check_server_health(report: HealthReport, table: ProcessTable | None, log_dir: Path | None) -> None:
+    """Raise `GymServerDied` naming every dead server of `report`, with the log tail of each that exited."""
+    if report.ok:
+        return
+    exits = dict(table.dead_servers()) if table is not None else {}
+    lines = []
+    for s in report.servers:
+        if not s.alive:
+            tail = log_tail(log_dir, s.name) if s.name in exits else ""
+            lines.append(f"NeMo Gym server {s.name!r}: {s.detail}.{tail}")
+    raise GymServerDied("\n".join(lines), report.dead)
+
+
+# --------------------------------------------------------------------------------------- policy servers
+
+
+def policy_health_url(base_url: str) -> str:
+    """vLLM's health endpoint for a policy server's OpenAI base URL: `<root>/health`, `<root>` without `/v1`."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return f"{root}/health"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One health probe of one policy server. `alive` means it answered HTTP at all (any status)."""
+
+    base_url: str
+    alive: bool
+    detail: str
+
+
+async def probe_policy_server(base_url: str, timeout_s: float) -> ProbeResult:
+    """`GET <root>/health` once, bounded by `timeout_s`. Never raises for a network fault; reports it."""
+    import aiohttp
+
+    url = policy_health_url(base_url)
+    # A session of its own (not NeMo Gym's global one, whose connection pool the rollouts may be filling).
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url) as response:
+                return ProbeResult(base_url, True, f"HTTP {response.status}")
+    except TimeoutError:
+        return ProbeResult(base_url, False, f"no answer within {timeout_s:g}s")
+    except aiohttp.ClientConnectorError as e:
+        errno = getattr(e.os_error, "errno", None)
+        reason = os.strerror(errno) if errno else str(e)
+        return ProbeResult(base_url, False, f"cannot connect ({reason})")
+    except aiohttp.ServerDisconnectedError:
+        return ProbeResult(base_url, False, "connection closed without an answer")
+    except (aiohttp.ClientError, OSError) as e:
+        return ProbeResult(base_url, False, f"{type(e).__name__}: {e}")
+    finally:
+        await session.close()
+
+
+class PolicyWatch:
+    """Counts consecutive failed health probes per policy server, for one batch.
+
+    `record(results, now)` (pure bookkeeping) resets a server's count on any answer and raises
+    `PolicyServerUnreachable` once some server has failed `max_failures` probes in a row, naming each such server,
+    its health URL, how long it has been failing and the last reason. `check()` probes every server concurrently
+    (each bounded by `timeout_s`) and records the results. A slow server that still answers within `timeout_s`
+    never counts; one probe lost to a hiccup is forgiven by the next answer.
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        timeout_s: float,
+        max_failures: int,
+        probe: Callable[[str, float], Any] = probe_policy_server,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1, got {max_failures}")
+        self.base_urls = tuple(base_urls)
+        self.timeout_s = timeout_s
+        self.max_failures = max_failures
+        self._probe = probe
+        self._clock = clock
+        self.failures: dict[str, int] = dict.fromkeys(self.base_urls, 0)
+        self._failing_since: dict[str, float] = {}
+        self.probes = 0
+
+    def record(self, results: Sequence[ProbeResult], now: float) -> None:
+        self.probes += 1
+        dead = []
+        for result in results:
+            if result.alive:
+                self.failures[result.base_url] = 0
+                self._failing_since.pop(result.base_url, None)
+                continue
+            self.failures[result.base_url] = self.failures.get(result.base_url, 0) + 1
+            since = self._failing_since.setdefault(result.base_url, now)
+            if self.failures[result.base_url] >= self.max_failures:
+                dead.append((result, now - since))
+        if dead:
+            lines = [
+                f"policy server {r.base_url} did not answer GET {policy_health_url(r.base_url)} "
+                f"{self.failures[r.base_url]} times in a row over {elapsed:.1f}s (last: {r.detail})"
+                for r, elapsed in dead
+            ]
+            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r, _ in dead])
+
+    async def check(self) -> None:
+        results = await asyncio.gather(*(self._probe(url, self.timeout_s) for url in self.base_urls))
+        self.record(results, self._clock())

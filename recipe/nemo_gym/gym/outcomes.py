@@ -1,0 +1,112 @@
+"""The failure cause of a row whose `/run` did not give a trainable result: decided here and nowhere else.
+
+Contract (all pure):
+- `server_error_cause(body)` maps an agent's `/run` error body to a `FailureCause`: a splice refusal is
+  CONTIGUITY_BROKEN, a NaN the policy server could not send is NON_FINITE_LOGPROB, anything else SERVER_ERROR.
+  `server_error_failure` builds the row's `EpisodeFailure` with a readable excerpt of the body.
+- `context_overflow_failure(row, result)` is PROMPT_TOO_LONG for a result whose first model call the policy
+  server refused as over the model's context, else None.
+
+What reaches these bodies, in NeMo Gym 0.4.0: HTTP errors are not retried at the `/run` level; the model server
+retries 500/502/503/504/429/520 from the policy 3 times (0.5 s apart) before it fails the agent's request with
+a 500 whose body wraps the policy's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
+
+# Refusals of the token-exact splice (`recipe.nemo_gym.splice.SpliceError`), as they appear in an agent's error
+# body: vLLM answers them with HTTP 400 and the message, NeMo Gym's model server and agent each wrap the inner
+# body in `repr` (quotes escaped, once per hop), so only text without quotes or backslashes is matched. Tied to
+# the wording of splice.py's rules ("rule 2 (unedited history) failed: ...", "rule 'one message per generation'
+# failed: ...").
+_SPLICE_REFUSAL = re.compile(
+    r"rule \d+ \([^()'\"\\]{1,80}\) failed|one message per generation[\\'\"]* failed|token-exact splice refused"
+)
+# vLLM's OpenAI server cannot encode a response holding NaN (in 0.24: a NaN log-prob, the only float a chat
+# completion returns per token; -inf is clamped to -9999.0) and answers with the JSON encoder's message (HTTP 400).
+_NON_FINITE_FLOAT = re.compile(r"Out of range float values are not JSON compliant")
+
+
+def server_error_cause(body: str) -> FailureCause:
+    """The failure cause an agent's `/run` error body stands for (pure; see `server_error_failure`).
+
+    - the policy server refused an edited history (a splice rule failed): CONTIGUITY_BROKEN, a data fault that
+      no retry fixes;
+    - the policy server could not serialise a non-finite float (a NaN log-prob): NON_FINITE_LOGPROB;
+    - anything else: SERVER_ERROR.
+    """
+    if _SPLICE_REFUSAL.search(body):
+        return FailureCause.CONTIGUITY_BROKEN
+    if _NON_FINITE_FLOAT.search(body):
+        return FailureCause.NON_FINITE_LOGPROB
+    return FailureCause.SERVER_ERROR
+
+
+def _readable_excerpt(body: str, start: int, limit: int = 300) -> str:
+    """The JSON string value that starts at `start` in `body`, unescaped from NeMo Gym's nested `repr`s, cut at
+    `limit`. The message of vLLM's error JSON holds no double quote of its own, so the first one ends it."""
+    text = re.sub(r"\\+", "", body[start:]).split('"', 1)[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def server_error_failure(row: int, agent: str, status: int | None, body: bytes | str | None) -> EpisodeFailure:
+    """The `EpisodeFailure` for a row whose `/run` failed; the cause is read from the whole body first."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    body = (body or "").strip()
+    cause = server_error_cause(body)
+    status_text = f"HTTP {status}" if status is not None else "an error"
+    where = f"agent {agent!r} /run returned {status_text}"
+    if cause is FailureCause.CONTIGUITY_BROKEN:
+        found = _SPLICE_REFUSAL.search(body)
+        assert found is not None
+        if found.group(0).startswith("token-exact"):  # SpliceError's prefix: the refusal's own words follow it
+            start = found.end()
+        elif found.group(0).startswith("rule"):
+            start = found.start()
+        else:
+            start = max(0, body.rfind("rule", 0, found.start()))
+        detail = f"{where}: the policy server refused the chat history (token-exact splice): "
+        return EpisodeFailure(cause, detail + _readable_excerpt(body, start).lstrip(": "), row=row)
+    if cause is FailureCause.NON_FINITE_LOGPROB:
+        found = _NON_FINITE_FLOAT.search(body)
+        assert found is not None
+        detail = f"{where}: the policy server could not send a non-finite log-prob: "
+        return EpisodeFailure(cause, detail + _readable_excerpt(body, found.start()), row=row)
+    if len(body) > 500:
+        body = body[:500] + "..."
+    return EpisodeFailure(cause, f"{where}: {body}", row=row)
+
+
+def context_overflow_failure(row: int, result: Mapping[str, Any]) -> EpisodeFailure | None:
+    """PROMPT_TOO_LONG for a result whose first model call was refused as longer than the model's context.
+
+    NeMo Gym 0.4.0's `vllm_model` server turns vLLM's HTTP 400 for a prompt over the context ("maximum context
+    length", or "max_tokens" too large for what is left of it) into an empty chat completion that finished on
+    "length", so the episode comes back looking like a generation cut at zero tokens: `incomplete_details`
+    `{"reason": "max_output_tokens"}` and no output item carrying generation token IDs. Any model call that did
+    generate makes it an ordinary (cut) episode, and None is returned.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping):
+        return None
+    details = response.get("incomplete_details")
+    if not isinstance(details, Mapping) or details.get("reason") != "max_output_tokens":
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    if any(isinstance(item, Mapping) and item.get("generation_token_ids") is not None for item in output):
+        return None
+    return EpisodeFailure(
+        FailureCause.PROMPT_TOO_LONG,
+        "the policy server refused the first model call as longer than the model's context (NeMo Gym's model "
+        "server answered it as an empty turn cut on length); shorten the prompt or raise the context length",
+        row=row,
+    )
