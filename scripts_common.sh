@@ -25,9 +25,8 @@
 #   environment of every process) unless the environment already chooses a mode or a token.
 # - Every function's failure message starts with "submit:" and names the variable, file or node involved.
 
-NG_PIN_VERL="${NG_PIN_VERL:-0.9.1}"
-NG_PIN_NEMO_GYM="${NG_PIN_NEMO_GYM:-0.4.0}"
-NG_PIN_VLLM="${NG_PIN_VLLM:-0.24.0}"
+# The stack's versions are those of the repository's uv.lock (ng_check_stack reads them there); NG_PIN_VERL,
+# NG_PIN_NEMO_GYM and NG_PIN_VLLM, when set, replace the lock's version of that package (tests use them).
 NG_EXTERNAL_MODULES="recipe.nemo_gym.vllm_plugin"
 NG_CPU_BACKEND_MODULE="${NG_CPU_BACKEND_MODULE:-recipe.nemo_gym_testing.cpu_training}"
 
@@ -162,8 +161,9 @@ ng_check_data_files() {  # variable-name
     done
 }
 
-# Optional `uv sync --frozen` from the repository's lock into $VENV, then the exact pinned stack, read with
-# importlib.metadata (no package is imported). A mismatch names every package that differs.
+# Optional `uv sync --frozen` from the repository's lock into $VENV, then the installed verl, nemo-gym and vllm
+# (importlib.metadata; nothing is imported) checked against that lock's versions. A mismatch names every package
+# that differs.
 ng_check_stack() {
     if [[ "$UV_SYNC" == 1 ]]; then
         local uv="${UV:-$(command -v uv || true)}"
@@ -178,13 +178,25 @@ ng_check_stack() {
     fi
     [[ -x "$PYTHON" ]] || ng_die "no Python at $PYTHON: set VENV in $NG_CONFIG_ENV (or UV_SYNC=1 to build it)"
     local report
-    if ! report=$("$PYTHON" - "$NG_PIN_VERL" "$NG_PIN_NEMO_GYM" "$NG_PIN_VLLM" 2>&1 <<'EOF'
+    if ! report=$("$PYTHON" - "$REPO_DIR/uv.lock" "${NG_PIN_VERL:-}" "${NG_PIN_NEMO_GYM:-}" "${NG_PIN_VLLM:-}" \
+        2>&1 <<'EOF'
 import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, version
 
-wanted = {"verl": sys.argv[1], "nemo-gym": sys.argv[2], "vllm": sys.argv[3]}
+lock_path, *overrides = sys.argv[1:]
+try:
+    with open(lock_path, "rb") as f:
+        locked = {p["name"]: p["version"] for p in tomllib.load(f)["package"] if "version" in p}
+except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
+    print(f"cannot read the pinned versions from {lock_path}: {e}")
+    sys.exit(1)
 bad = []
-for name, pin in wanted.items():
+for name, override in zip(("verl", "nemo-gym", "vllm"), overrides, strict=True):
+    pin = override or locked.get(name)
+    if pin is None:
+        bad.append(f"{name} is not in {lock_path}")
+        continue
     try:
         found = version(name)
     except PackageNotFoundError:

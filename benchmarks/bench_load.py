@@ -79,7 +79,7 @@ ENVIRONMENTS = {
 
 def weather_policy() -> Any:
     """Scripted policy for the weather rows: call get_weather, then answer once the tool result is in."""
-    from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+    from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco"}}\n</tool_call>'
     return ScriptedPolicy(
@@ -99,7 +99,7 @@ def weather_policy() -> Any:
 
 
 def policy_for(env: str) -> Any:
-    from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
+    from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 
     return weather_policy() if env == "weather" else example_episodes_policy()
 
@@ -235,12 +235,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-    from recipe.nemo_gym.cpu_policy import harness
-    from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
     from recipe.nemo_gym.gym.seams import nemo_gym_install_root
+    from recipe.nemo_gym_testing.cpu_policy import harness
+    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
     report: dict[str, Any] = {
         "env": args.env,

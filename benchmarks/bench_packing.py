@@ -1,11 +1,11 @@
 """Packing speed: NeMo Gym result dicts -> `Episode`s -> verl `DataProto`, on one pinned core.
 
-Builds synthetic results in the NeMo Gym shape (`packing.synthetic_result`): each episode has `--turns` model
-calls, a first prompt of `--first-prompt` tokens, `--generation` generated and `--observation` tool tokens
-per turn (defaults: 8 turns, 1,500 + 8 x 800 + 7 x 1,000 = 14,900 tokens). Each result goes through a JSON
-round trip so that, as after an HTTP response, every token of every prompt is its own int object (no
-identity shortcuts in the contiguity comparison). `--distinct` results are built and cycled to fill the
-batch (default: all distinct; lower it to save memory: 1,024 distinct results hold about 2.5 GB).
+Builds synthetic results in the NeMo Gym shape (`recipe.nemo_gym_testing.results.synthetic_result`): each
+episode has `--turns` model calls, a first prompt of `--first-prompt` tokens, `--generation` generated and
+`--observation` tool tokens per turn (defaults: 8 turns, 1,500 + 8 x 800 + 7 x 1,000 = 14,900 tokens). Each
+result goes through a JSON round trip so that, as after an HTTP response, every token of every prompt is its own
+int object (no identity shortcuts in the contiguity comparison). `--distinct` results are built and cycled to
+fill the batch (default: all distinct; lower it to save memory: 1,024 distinct results hold about 2.5 GB).
 
 Each run does what the manager does for a batch: `BatchPacker.prefault` (first touch of the ~800 MB of batch
 tensors; the manager runs it in a worker thread while NeMo Gym runs), then per result `episode_from_result`
@@ -30,7 +30,9 @@ import time
 
 import torch
 
-from recipe.nemo_gym.packing import BatchPacker, episode_from_result, synthetic_result
+from recipe.nemo_gym.packing.batch import BatchPacker
+from recipe.nemo_gym.packing.episode import episode_from_result
+from recipe.nemo_gym_testing.results import synthetic_result
 
 PAD = 151643  # Qwen3's <|endoftext|>
 

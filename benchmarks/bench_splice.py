@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass
 
 from recipe.nemo_gym import server_patch
-from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym.cpu_policy.tokenizer_calls import COUNTED, counted_tokenizer_calls
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy.tokenizer_calls import COUNTED, counted_tokenizer_calls
+from recipe.nemo_gym_testing.vllm_render import build_render_serving
 
 TOOLS = [WEATHER_TOOL]
 
@@ -126,7 +127,7 @@ def main() -> None:
     args = parser.parse_args()
 
     server_patch.install()  # before the render object is built: its turn terminator is found then, as in a server
-    render, _ = server_patch.build_render_serving(str(tiny_qwen3_dir()), max_model_len=8192)
+    render, _ = build_render_serving(str(tiny_qwen3_dir()), max_model_len=8192)
     print(f"vLLM {server_patch.vllm_version()}, tiny Qwen3 (genuine tokenizer/template), {args.repeats} repeats")
     print(
         f"{'turns':>5} {'prompt tokens':>13} {'unpatched ms':>12} {'patched ms':>10} {'ratio':>6} {'renders':>8} "

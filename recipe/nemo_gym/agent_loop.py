@@ -24,7 +24,8 @@ Contract with verl (see the README, "How it works"):
   or an expired deadline raises `RolloutAborted` naming the server or the pending count. Episodes that fail
   alone are masked and counted (`failures.py`); past `failures.max_fraction` the step fails with a summary.
 - All NeMo Gym calls run on one event loop this manager owns (NeMo Gym's aiohttp session is bound to the loop
-  it was made on, and verl's `create` runs on a loop that is closed right after).
+  it was made on, and verl's `create` runs on a loop that is closed right after). It is the only `BackgroundLoop`
+  in production: `GymRuntime` borrows it, and its `collect` is awaited on it (`generate_sequences`).
 
 Environment metrics reach the user's loggers through `meta_info["timing"]`, the one dict verl 0.9.1 copies
 from the rollout into the step's logged metrics: they appear as `timing_s/nemo_gym/...` (see `metrics.py`).
@@ -55,7 +56,9 @@ from recipe.nemo_gym.metrics import (
     environment_metrics,
     validation_extra_info,
 )
-from recipe.nemo_gym.packing import BatchPacker, Episode, PackStats, episode_from_result
+from recipe.nemo_gym.packing.batch import BatchPacker
+from recipe.nemo_gym.packing.episode import Episode, episode_from_result
+from recipe.nemo_gym.packing.stats import PackStats
 from recipe.nemo_gym.rollout_requests import DO_SAMPLE_KEY, build_example, real_rows, row_samplings
 from recipe.nemo_gym.verl_servers import discover_policy_servers
 

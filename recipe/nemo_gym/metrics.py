@@ -25,7 +25,7 @@ from collections import Counter
 
 import numpy as np
 
-from recipe.nemo_gym.packing import PackStats
+from recipe.nemo_gym.packing.stats import PackStats
 
 PREFIX = "nemo_gym/"
 VALIDATION_FAILED_KEY = "nemo_gym/failed"

@@ -36,7 +36,7 @@ WORKPLACE_TOOLS = ("company_directory_find_email_address", "email_search_emails"
 
 def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
     """NeMo Gym's shipped math and workplace example rows (with `agent_ref`) and our uppercase_share rows."""
-    from recipe.nemo_gym.cpu_policy import harness
+    from recipe.nemo_gym_testing.cpu_policy import harness
 
     rows = [
         harness.with_tools(row, WORKPLACE_TOOLS) if row["agent_ref"]["name"].startswith("workplace") else row
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "demo")
     args = parser.parse_args(argv)
 
-    from recipe.nemo_gym.cpu_policy import harness
-    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_testing.cpu_policy import harness
+    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

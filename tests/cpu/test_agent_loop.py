@@ -21,12 +21,12 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.packing import synthetic_result
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.results import synthetic_result
 
 MATH = "math_with_judge_simple_agent"
 ROWS = 10

@@ -19,9 +19,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from recipe.nemo_gym.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
-from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
-from recipe.nemo_gym.cpu_policy.script import (
+from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
+from recipe.nemo_gym_testing.cpu_policy.script import (
     ScriptCompletion,
     ScriptedPolicy,
     ScriptMatch,
@@ -34,8 +34,8 @@ from recipe.nemo_gym.cpu_policy.script import (
     scripted_output,
     view_prompt,
 )
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError, group_members
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError, group_members
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 SERVED_NAME = "policy-under-test"
 TOOL_CALL_TEXT = (

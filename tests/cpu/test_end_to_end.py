@@ -16,12 +16,12 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 from verl.utils.config import omega_conf_to_dataclass
 
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-from recipe.nemo_gym.packing import TOKEN_FIELDS
+from recipe.nemo_gym.packing.episode import TOKEN_FIELDS
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 MULTIENV = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "multienv.yaml"
 MATH = "math_with_judge_simple_agent"

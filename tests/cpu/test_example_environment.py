@@ -3,9 +3,10 @@
 - the pure reward function (`uppercase_share`, `count_uppercase`);
 - the server's `verify` called in process (NeMo Gym's request/response models, no HTTP): which text is graded;
 - the shipped blend `recipe/nemo_gym/configs/demo_blend.yaml` started offline through the plugin's real runtime
-  (`GymServersSpec.from_config` + `GymRuntime.start`, NeMo Gym's own launcher), then `/verify` posted straight to
-  the environment's server and rows run end to end through its agent against a policy stub that answers with
-  the text a row's prompt asks for. The head server takes a free port, not 11000.
+  (`GymServersSpec.from_config` + `GymRuntime.start`, NeMo Gym's own launcher, through test support's
+  `start_runtime`), then `/verify` posted straight to the environment's server and rows run end to end through
+  its agent against a policy stub that answers with the text a row's prompt asks for. The head server takes a
+  free port, not 11000.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from recipe.nemo_gym.config import load_config
 from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.seams import restore_process_globals
 from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym_testing.gym_runtime import collect_blocking, start_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_DIR = REPO / "resources_servers" / "uppercase_share"
@@ -219,7 +221,7 @@ def blend(tmp_path_factory: pytest.TempPathFactory):
             spec = dataclasses.replace(
                 spec, head_server_port=free_port(), cache_dir=tmp / "cache", log_dir=tmp / "logs", startup_timeout_s=300
             )
-            runtime = GymRuntime.start(spec)
+            runtime = start_runtime(spec)
         yield runtime
     finally:
         if runtime is not None:
@@ -271,7 +273,7 @@ def test_rows_run_end_to_end_through_the_agent_with_exact_rewards(blend: GymRunt
         "expected_answer": "4",
         "agent_ref": {"name": "math_with_judge_simple_agent"},
     }
-    out = blend.collect_sync([*batch, math], deadline_s=120)
+    out = collect_blocking(blend, [*batch, math], deadline_s=120)
     assert [o["reward"] for o in out] == [0.0, 1.0, 0.2, 0.5, 1.0]
     assert [(o["uppercase_chars"], o["counted_chars"]) for o in out[:4]] == [(0, 10), (10, 10), (2, 10), (2, 4)]
     assert out[1]["response"]["output"][-1]["content"][0]["text"] == "HELLO THERE"

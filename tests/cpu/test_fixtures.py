@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from recipe.nemo_gym.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
-from recipe.nemo_gym.cpu_policy.qwen3 import (
+from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import (
     ENDOFTEXT,
     IM_END,
     IM_START,
@@ -19,7 +19,7 @@ from recipe.nemo_gym.cpu_policy.qwen3 import (
     TOOL_CALL_END,
     WEATHER_TOOL,
 )
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 
 @pytest.fixture(scope="module")

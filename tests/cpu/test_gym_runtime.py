@@ -45,6 +45,7 @@ from recipe.nemo_gym.gym.seams import (
     write_interpreter_shim,
 )
 from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
+from recipe.nemo_gym_testing.gym_runtime import collect_blocking, start_runtime
 
 WORKPLACE = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"
 MATH = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
@@ -507,7 +508,7 @@ def test_start_with_missing_config_path_fails_before_starting_anything(tmp_path:
         cache_dir=tmp_path,
     )
     with pytest.raises(GymConfigError, match=r"'resources_servers/no_such_env/configs/no_such_env.yaml' \(looked in"):
-        GymRuntime.start(spec)
+        start_runtime(spec)
     assert gym_processes(port) == []
     check_port_free("127.0.0.1", port)
 
@@ -519,7 +520,7 @@ def test_start_with_head_port_in_use_names_it_and_starts_nothing(tmp_path: Path,
         port = busy.getsockname()[1]
         spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address)
         with pytest.raises(HeadPortInUseError, match=rf"head server port 127.0.0.1:{port} is already in use"):
-            GymRuntime.start(spec)
+            start_runtime(spec)
         assert gym_processes(port) == []
         assert not list((tmp_path / "cache").glob("**/.venv"))
 
@@ -529,7 +530,7 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(tmp_
     spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address, startup_timeout_s=4.0)
     t0 = time.monotonic()
     with pytest.raises(GymStartTimeout) as err:
-        GymRuntime.start(spec)
+        start_runtime(spec)
     assert time.monotonic() - t0 < 4.0 + 20.0  # deadline, then a bounded teardown
     assert "not ready within 4s" in str(err.value)
     assert set(err.value.servers) <= SERVER_NAMES and err.value.servers
@@ -540,8 +541,8 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(tmp_
 CHILD = """
 import os, signal, sys, threading, time
 from pathlib import Path
-from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym_testing.gym_runtime import start_runtime
 
 port, ray_address, tmp, mode = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 spec = GymServersSpec(
@@ -554,9 +555,9 @@ if mode == "sigterm":
         (tmp / "previous_handler_ran").write_text(str(signum))
         os._exit(0)  # no atexit, no unwinding: only the runtime's SIGTERM hook can have stopped the servers
     signal.signal(signal.SIGTERM, previous)
-    GymRuntime.start(spec)  # servers start; the test sends SIGTERM while they come up
+    start_runtime(spec)  # servers start; the test sends SIGTERM while they come up
 else:
-    threading.Thread(target=GymRuntime.start, args=(spec,), daemon=True).start()
+    threading.Thread(target=start_runtime, args=(spec,), daemon=True).start()
     while not (tmp / "exit_now").exists():
         time.sleep(0.1)
     # a normal interpreter exit: atexit must stop the servers
@@ -596,7 +597,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str, policy: Po
     tmp = tmp_path_factory.mktemp("gym")
     port = free_port()
     spec = spec_for(tmp, port, policy.url, ray_address, log_dir=tmp / "logs", startup_timeout_s=300.0)
-    runtime = GymRuntime.start(spec)
+    runtime = start_runtime(spec)
     print(f"\nNeMo Gym start-up: {len(runtime.servers)} servers ready in {runtime.startup_s:.1f}s")
     try:
         yield runtime
@@ -617,7 +618,7 @@ def test_started_stack_is_ready_and_healthy(stack: GymRuntime) -> None:
 def test_second_runtime_in_the_same_process_is_refused(stack: GymRuntime, tmp_path: Path, ray_address: str) -> None:
     spec = spec_for(tmp_path, free_port(), "http://127.0.0.1:9/v1", ray_address)
     with pytest.raises(GymRuntimeError, match="already live in this process"):
-        GymRuntime.start(spec)
+        start_runtime(spec)
 
 
 def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
@@ -627,8 +628,9 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
         workplace_row(),
         math_row("What is 3+3?", "6", answer="6", delay=0.0),
     ]
-    # From a fresh event loop that is closed afterwards, as verl's auto_await runs create().
-    out = asyncio.run(stack.collect(rows, deadline_s=60))
+    # As the manager runs it: awaited on the runtime's loop from a fresh event loop that is closed afterwards (verl's
+    # auto_await runs generate_sequences under asyncio.run when no loop is running).
+    out = asyncio.run(stack.loop.arun(stack.collect(rows, deadline_s=60)))
     assert [type(o) for o in out] == [dict] * 4
     assert [o["responses_create_params"]["input"][0]["content"] for o in out] == [
         r["responses_create_params"]["input"][0]["content"] for r in rows
@@ -637,9 +639,16 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
     assert out[2]["response"]["output"][-1]["content"][0]["text"] == "The answer is \\boxed{0}."
 
 
+def test_collect_refuses_any_loop_but_the_runtimes(stack: GymRuntime) -> None:
+    # NeMo Gym's HTTP session is bound to the runtime's loop: a batch awaited anywhere else would break it.
+    with pytest.raises(RuntimeError, match="must run on the loop given to GymRuntime.start"):
+        asyncio.run(stack.collect([math_row("What is 1+1?", "2", answer="2")], deadline_s=5))
+    stack.check_health()
+
+
 def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: GymRuntime) -> None:
     rows = [math_row("What is 1+1?", "2", answer="2"), math_row("Boom", "1", answer="1", marker="FAIL500")]
-    out = stack.collect_sync(rows, deadline_s=60)
+    out = collect_blocking(stack, rows, deadline_s=60)
     assert out[0]["reward"] == 1.0
     failure = out[1]
     assert isinstance(failure, EpisodeFailure)
@@ -651,7 +660,7 @@ def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: GymRu
     rows = [math_row("What is 1+2?", "3", answer="3"), math_row("Slow", "1", answer="1", marker="HANG")]
     t0 = time.monotonic()
     with pytest.raises(RolloutAborted, match=r"deadline of 3s with 1 of 2 episodes pending \(rows 1\)"):
-        stack.collect_sync(rows, deadline_s=3.0)
+        collect_blocking(stack, rows, deadline_s=3.0)
     assert time.monotonic() - t0 < 10
     stack.check_health()
 
@@ -667,7 +676,7 @@ def test_server_death_mid_batch_aborts_naming_the_server(stack: GymRuntime) -> N
     t0 = time.monotonic()
     try:
         with pytest.raises(RolloutAborted, match=r"\['workplace_assistant'\] died with 1 of 1 episodes pending"):
-            stack.collect_sync([workplace_row(marker="HANG")], deadline_s=60, health_check_interval_s=0.5)
+            collect_blocking(stack, [workplace_row(marker="HANG")], deadline_s=60, health_check_interval_s=0.5)
     finally:
         killer.join()
     assert time.monotonic() - t0 < 15
@@ -703,4 +712,4 @@ def test_shutdown_leaves_no_process_and_frees_the_head_port(stack: GymRuntime) -
     assert gym_processes(port) == []
     check_port_free("127.0.0.1", port)
     with pytest.raises(RolloutAborted, match="shut down"):
-        stack.collect_sync([math_row("q", "1", answer="1")], deadline_s=5)
+        asyncio.run(stack.collect([math_row("q", "1", answer="1")], deadline_s=5))

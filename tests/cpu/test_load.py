@@ -135,8 +135,8 @@ def ray_address():
 
 @pytest.fixture(scope="module")
 def policy():
-    from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
     server = CPUPolicyServer(tiny_qwen3_dir(), script=bench.policy_for("weather")).start()
     try:
@@ -216,10 +216,10 @@ from pathlib import Path
 import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 tmp, ray_address, mode, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 model_dir = tiny_qwen3_dir()

@@ -26,9 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
 from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
 

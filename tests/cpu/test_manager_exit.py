@@ -27,10 +27,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 CHILD = r"""
 import json, sys
@@ -39,7 +39,7 @@ from pathlib import Path
 import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-from recipe.nemo_gym.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 
 tmp, address, model_dir, mode, ray_dir = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]

@@ -1,6 +1,6 @@
 """A 4-turn episode over HTTP: NeMo Gym's real training model server against vLLM 0.24's real OpenAI server.
 
-The CPU policy server (`recipe.nemo_gym.cpu_policy.server`) runs vLLM's own app with the splice patch
+The CPU policy server (`recipe.nemo_gym_testing.cpu_policy.server`) runs vLLM's own app with the splice patch
 installed in its process, a scripted policy in place of the GPU engine, and the qwen3 reasoning parser.
 NeMo Gym's `responses_api_models/vllm_model` app is built in this process from its shipped training config
 (`vllm_model_for_training.yaml`: `return_token_id_information: true`, `uses_reasoning_parser: true`) and
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
-from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
+from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 SERVED_NAME = "policy"
 # The Responses API (NeMo Gym's side) spells a function tool flat, not nested under "function".

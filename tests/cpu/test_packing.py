@@ -17,16 +17,9 @@ from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.actor import FSDPActorConfig
 
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCause
-from recipe.nemo_gym.packing import (
-    BatchPacker,
-    Episode,
-    Segment,
-    SegmentKind,
-    episode_from_result,
-    order_outcomes,
-    pack_batch,
-    synthetic_result,
-)
+from recipe.nemo_gym.packing.batch import BatchPacker
+from recipe.nemo_gym.packing.episode import Episode, Segment, SegmentKind, episode_from_result
+from recipe.nemo_gym_testing.results import order_outcomes, pack_batch, synthetic_result
 
 PAD = 0
 

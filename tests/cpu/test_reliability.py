@@ -27,10 +27,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.nemo_gym.cpu_policy import harness
-from recipe.nemo_gym.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.collect import run_examples_in_order
@@ -38,8 +34,13 @@ from recipe.nemo_gym.gym.errors import GymConfigError, PolicyServerUnreachable
 from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, policy_health_url, probe_policy_server
 from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_cause, server_error_failure
 from recipe.nemo_gym.gym.spec import GymServersSpec
-from recipe.nemo_gym.packing import synthetic_result
-from recipe.nemo_gym.splice import SpliceError, find_true_prefix, splice_prompt_ids
+from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
+from recipe.nemo_gym.splice.eos_splice import splice_prompt_ids
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.results import synthetic_result
 
 MATH = "math_with_judge_simple_agent"
 WORKPLACE = "workplace_assistant_simple_agent"
@@ -80,7 +81,7 @@ def hops(agent: str) -> list[str]:
 
 
 def splice_refusals() -> dict[str, str]:
-    """The message of each of splice.py's rules, produced by splice.py itself."""
+    """The message of each of the splice's rules, produced by `recipe.nemo_gym.splice` itself."""
     messages = {}
     cases = {
         "rule 1": lambda: splice_prompt_ids([1, 2], [1, 2], [1, 2, 3], eos_token_id=EOS),

@@ -150,8 +150,8 @@ def test_real_rows_takes_every_row_as_real_when_the_batch_does_not_look_padded()
 
 
 def test_real_rows_on_the_batch_verls_validation_builds(tmp_path):
-    from recipe.nemo_gym.cpu_policy import harness
     from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset
+    from recipe.nemo_gym_testing.cpu_policy import harness
 
     rows = [
         {"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "math_with_judge_simple_agent"}}

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym import server_patch
-from recipe.nemo_gym.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
-from recipe.nemo_gym.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym.cpu_policy.tokenizer_calls import counted_tokenizer_calls
-from recipe.nemo_gym.splice import SpliceError
+from recipe.nemo_gym.server_patch.request import prefix_eos_count
+from recipe.nemo_gym.server_patch.template import EOS_OVERRIDE_ENV, TemplateWithoutTerminatorError
+from recipe.nemo_gym.splice.carriers import SpliceError
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_policy.tokenizer_calls import counted_tokenizer_calls
+from recipe.nemo_gym_testing.vllm_render import build_render_serving
 
 TOOLS = [WEATHER_TOOL]
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def serving():
     server_patch.install()  # before the render object is built: its turn terminator is found then, as in a server
-    render, tokenization = server_patch.build_render_serving(str(tiny_qwen3_dir()))
+    render, tokenization = build_render_serving(str(tiny_qwen3_dir()))
     yield render, tokenization
     server_patch.uninstall()
 
@@ -430,7 +433,7 @@ def test_prefix_eos_count_is_taken_on_the_text_without_tokenizing_when_the_full_
     full_text = prefix_text + "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
     full = {"prompt": full_text, "prompt_token_ids": enc(tok, full_text)}
     with counted_tokenizer_calls(tok) as counts:
-        assert server_patch._prefix_eos_count(tok, {"prompt": prefix_text}, full, EOS, False) == 2
+        assert prefix_eos_count(tok, {"prompt": prefix_text}, full, EOS, False) == 2
     assert counts["encode"] == 0
 
 
@@ -440,7 +443,7 @@ def test_prefix_eos_count_tokenizes_the_prefix_when_the_eos_text_does_not_map_to
     text = "see main.py now."
     assert text.count(".") == 2 and enc(tok, text).count(dot) == 1
     full = {"prompt": text, "prompt_token_ids": enc(tok, text)}
-    assert server_patch._prefix_eos_count(tok, {"prompt": text}, full, dot, False) == 1
+    assert prefix_eos_count(tok, {"prompt": text}, full, dot, False) == 1
 
 
 def test_prefix_eos_count_of_an_ordinary_token_is_taken_on_ids_even_where_the_full_render_agrees(tok):
@@ -449,24 +452,24 @@ def test_prefix_eos_count_of_an_ordinary_token_is_taken_on_ids_even_where_the_fu
     full_text, prefix_text = "Hi. Bye.", "see main.py now."
     assert full_text.count(".") == enc(tok, full_text).count(dot) == 2
     full = {"prompt": full_text, "prompt_token_ids": enc(tok, full_text)}
-    assert server_patch._prefix_eos_count(tok, {"prompt": prefix_text}, full, dot, False) == 1
+    assert prefix_eos_count(tok, {"prompt": prefix_text}, full, dot, False) == 1
 
 
 def test_prefix_eos_count_tokenizes_the_prefix_when_the_full_render_has_no_text(tok):
     text = "<|im_start|>user\nhi<|im_end|>\n"
-    assert server_patch._prefix_eos_count(tok, {"prompt": text}, {"prompt_token_ids": enc(tok, text)}, EOS, False) == 1
+    assert prefix_eos_count(tok, {"prompt": text}, {"prompt_token_ids": enc(tok, text)}, EOS, False) == 1
 
 
 def test_prefix_eos_count_counts_ids_when_the_renderer_tokenized_while_rendering(tok):
     ids = enc(tok, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n")
-    assert server_patch._prefix_eos_count(tok, {"prompt_token_ids": ids}, {"prompt_token_ids": ids}, EOS, False) == 2
+    assert prefix_eos_count(tok, {"prompt_token_ids": ids}, {"prompt_token_ids": ids}, EOS, False) == 2
 
 
 def test_eos_override_from_environment_is_used(serving, tok, monkeypatch):
     history = [{"role": "user", "content": "Hi."}]
     prompt = chat_ids(serving, history)
     history += [assistant("Hey", prompt, enc(tok, "Hey") + [EOS]), {"role": "user", "content": "Bye."}]
-    monkeypatch.setenv(server_patch.EOS_OVERRIDE_ENV, str(ENDOFTEXT))  # not the template's turn terminator
+    monkeypatch.setenv(EOS_OVERRIDE_ENV, str(ENDOFTEXT))  # not the template's turn terminator
     with pytest.raises(SpliceError, match=r"rule 1 .*no EOS token 151643"):
         chat_ids(serving, history)
 
@@ -486,7 +489,7 @@ def _model_dir_with(tmp_path, tokenizer_config_update):
 def test_tokenizer_whose_eos_is_not_the_template_terminator_splices_on_the_template_terminator(serving, tmp_path):
     """A base model's config (EOS `<|endoftext|>`) with the instruct chat template: the turns end with
     `<|im_end|>`, which the probe render finds; counting `<|endoftext|>` refused every request."""
-    render, _ = server_patch.build_render_serving(str(_model_dir_with(tmp_path, {"eos_token": "<|endoftext|>"})))
+    render, _ = build_render_serving(str(_model_dir_with(tmp_path, {"eos_token": "<|endoftext|>"})))
     base = (render, None)
     tok = render.renderer.tokenizer
     assert tok.eos_token_id == ENDOFTEXT
@@ -509,16 +512,16 @@ def test_template_without_turn_terminator_fails_when_the_server_builds_its_rende
     """No special token after an assistant message (GLM 4.x: the next role tag follows the content): refused at
     start-up, naming the template and the override, instead of per request as an edited history."""
     with pytest.raises(
-        server_patch.TemplateWithoutTerminatorError,
+        TemplateWithoutTerminatorError,
         match=r"chat template given to vLLM \(--chat-template\) writes no special token after an assistant "
         r"message.*NEMO_GYM_SPLICE_EOS_TOKEN_ID",
     ):
-        server_patch.build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
+        build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
 
 
 def test_template_without_turn_terminator_starts_when_the_override_names_one(serving, monkeypatch):
-    monkeypatch.setenv(server_patch.EOS_OVERRIDE_ENV, str(EOS))
-    render, _ = server_patch.build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
+    monkeypatch.setenv(EOS_OVERRIDE_ENV, str(EOS))
+    render, _ = build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
     assert chat_ids((render, None), [{"role": "user", "content": "Hi"}])
 
 

@@ -420,7 +420,7 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
 def write_blend(tmp_path: Path, rows_per_env: int) -> Path:
     """NeMo Gym's example rows (from its wheel) for math and the workplace assistant, each with its agent,
     interleaved: the blend submit_multienv.sh trains on."""
-    from recipe.nemo_gym.cpu_policy.harness import with_tools
+    from recipe.nemo_gym_testing.cpu_policy.harness import with_tools
 
     roots = [Path(p) for p in importlib.util.find_spec("resources_servers").submodule_search_locations]
     sources = {
@@ -448,7 +448,7 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         pytest.skip(
             f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree; this test runs the real job"
         )
-    from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
     blend = write_blend(tmp_path, rows_per_env=2)
     config = write_config(

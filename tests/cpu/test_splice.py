@@ -2,20 +2,18 @@
 
 import pytest
 
-from recipe.nemo_gym.splice import (
-    Generation,
-    GenerationPrompt,
-    ProbeRenders,
-    SpliceError,
-    TruePrefix,
+from recipe.nemo_gym.splice.carriers import Generation, SpliceError, TruePrefix, find_true_prefix, has_token_ids
+from recipe.nemo_gym.splice.eos_splice import (
     check_and_splice,
-    check_unedited_history,
     count_eos_in_text,
-    find_true_prefix,
-    has_token_ids,
-    read_generation_prompt,
     splice_prompt_ids,
     splice_with_eos_count,
+)
+from recipe.nemo_gym.splice.history_guard import check_unedited_history
+from recipe.nemo_gym.splice.template_probe import (
+    GenerationPrompt,
+    ProbeRenders,
+    read_generation_prompt,
     text_after_assistant,
     turn_terminator,
 )
@@ -355,8 +353,8 @@ def test_rule_4_refuses_text_appended_to_a_user_message_just_before_a_reasoning_
 
 
 def test_read_generation_prompt_splits_the_reasoning_opening_from_the_shared_header():
-    from recipe.nemo_gym.splice import PROBE_ASSISTANT as A
-    from recipe.nemo_gym.splice import PROBE_USER as Q
+    from recipe.nemo_gym.splice.template_probe import PROBE_ASSISTANT as A
+    from recipe.nemo_gym.splice.template_probe import PROBE_USER as Q
 
     renders = ProbeRenders(
         f"<u>{Q}", f"<u>{Q}<A><think>\n", f"<u>{Q}<A><think></think>{A}<e>", f"<u>{Q}<A>{A}<e><u>{Q}"
@@ -366,8 +364,8 @@ def test_read_generation_prompt_splits_the_reasoning_opening_from_the_shared_hea
 
 
 def test_read_generation_prompt_reads_after_the_user_message_where_the_template_ignores_the_flag():
-    from recipe.nemo_gym.splice import PROBE_ASSISTANT as A
-    from recipe.nemo_gym.splice import PROBE_USER as Q
+    from recipe.nemo_gym.splice.template_probe import PROBE_ASSISTANT as A
+    from recipe.nemo_gym.splice.template_probe import PROBE_USER as Q
 
     # Both [user] renders end with the generation prompt (vLLM's DeepSeek-V4 encoder ignores the flag).
     renders = ProbeRenders(f"<u>{Q}<A><t>", f"<u>{Q}<A><t>", "", f"<u>{Q}<A></t>{A}<e><u>{Q}<A><t>")
@@ -379,7 +377,7 @@ def test_read_generation_prompt_is_empty_when_the_probe_text_is_missing():
 
 
 def test_text_after_assistant_is_what_follows_the_probe_answer():
-    from recipe.nemo_gym.splice import PROBE_ASSISTANT
+    from recipe.nemo_gym.splice.template_probe import PROBE_ASSISTANT
 
     renders = ProbeRenders("", "", f"<u>q<A>{PROBE_ASSISTANT}<end>\n", "")
     assert text_after_assistant(renders) == "<end>\n"

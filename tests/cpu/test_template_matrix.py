@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from recipe.nemo_gym import server_patch
-from recipe.nemo_gym.cpu_policy.qwen3 import WEATHER_TOOL
-from recipe.nemo_gym.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym.server_patch import TemplateWithoutTerminatorError
-from recipe.nemo_gym.splice import SpliceError
+from recipe.nemo_gym.server_patch.template import TemplateWithoutTerminatorError
+from recipe.nemo_gym.splice.carriers import SpliceError
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.vllm_render import build_render_serving
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,7 @@ def servers(tmp_path_factory):
             sources.append((family.published, tokenizer, family.tokenizer_mode))
     built = {}
     for source, tokenizer, mode in sources:
-        built[source] = server_patch.build_render_serving(
-            str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=mode
-        )[0]
+        built[source] = build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=mode)[0]
     yield built
     server_patch.uninstall()
 
@@ -259,7 +258,7 @@ def test_glm_template_without_turn_terminator_is_refused_at_start_up(tmp_path):
     server_patch.install()
     try:
         with pytest.raises(TemplateWithoutTerminatorError, match=r"writes no special token .*EOS_TOKEN_ID"):
-            server_patch.build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
+            build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
     finally:
         server_patch.uninstall()
 
@@ -279,6 +278,6 @@ def test_deepseek_v3_published_files_are_refused_at_start_up_because_they_lose_s
     server_patch.install()
     try:
         with pytest.raises(TemplateWithoutTerminatorError, match=r"does not contain the assistant's text"):
-            server_patch.build_render_serving(str(tiny_qwen3_dir()), tokenizer=files)
+            build_render_serving(str(tiny_qwen3_dir()), tokenizer=files)
     finally:
         server_patch.uninstall()

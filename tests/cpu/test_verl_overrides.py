@@ -64,7 +64,7 @@ def test_submit_scripts_pass_every_plugin_override(tmp_path):
 
 
 def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
-    from recipe.nemo_gym.cpu_policy import harness
+    from recipe.nemo_gym_testing.cpu_policy import harness
     from recipe.nemo_gym_testing.cpu_training.job import JobSpec
     from recipe.nemo_gym_testing.cpu_training.job import plugin_overrides as job_overrides
 

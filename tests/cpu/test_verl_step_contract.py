@@ -17,7 +17,8 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.packing import episode_from_result, pack_batch, synthetic_result
+from recipe.nemo_gym.packing.episode import episode_from_result
+from recipe.nemo_gym_testing.results import pack_batch, synthetic_result
 
 PAD = 0
 CALL_1 = ([11, 12], [21, 22], [-0.5, -0.25])

@@ -6,7 +6,8 @@ Contract:
   `EpisodeFailure` that `post_run` decided (`make_post_run`, with the causes of `outcomes.py`). A dead NeMo Gym
   server, an unreachable policy server (the health check raises) or an expired deadline cancels every pending
   request and raises `RolloutAborted` naming the servers or the pending rows.
-- It runs on the caller's event loop and enters none itself; `GymRuntime` puts it on the runtime's loop.
+- It runs on the caller's event loop and enters none itself; `GymRuntime.collect` awaits it on the loop the
+  agent loop manager runs it on.
 
 Why rows are posted one by one instead of through NeMo Gym's `RolloutCollectionHelper.run_examples`: in 0.4.0
 that method yields awaitables in completion order, and an example that fails raises from its awaitable without
@@ -65,7 +66,6 @@ async def run_examples_in_order(
     deadline_s: float,
     health_check: Callable[[], Any] | None = None,
     health_check_interval_s: float = 2.0,
-    max_concurrency: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[RowOutcome]:
     """Run `post_run(index, row)` for every row concurrently; return outcomes in input order.
@@ -87,13 +87,9 @@ async def run_examples_in_order(
     outcomes: list[RowOutcome | None] = [None] * n
     if n == 0:
         return []
-    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(i: int) -> RowOutcome:
-        if semaphore is None:
-            return await post_run(i, examples[i])
-        async with semaphore:
-            return await post_run(i, examples[i])
+        return await post_run(i, examples[i])
 
     loop = asyncio.get_running_loop()
     if health_check is not None:

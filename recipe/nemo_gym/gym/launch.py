@@ -1,23 +1,28 @@
 """`GymRuntime`: one NeMo Gym 0.4.0 configuration started offline, supervised, and stopped with nothing left.
 
 Contract:
-- `GymRuntime.start(spec)` starts every server of `spec.config_paths` (plus the training model server config)
-  with NeMo Gym's own `RunHelper.start`, offline: each server's venv is a link to a shim that runs this
+- `GymRuntime.start(spec, loop=...)` starts every server of `spec.config_paths` (plus the training model server
+  config) with NeMo Gym's own `RunHelper.start`, offline: each server's venv is a link to a shim that runs this
   process's interpreter (`sys.executable`), so no server builds a venv and nothing needs the network. It
   returns only once every server answers HTTP, within `spec.startup_timeout_s`. Before anything starts it
   checks that every config path exists (`seams.check_config_paths`) and that the head server's port is free.
   If a server dies or the deadline passes, everything started is stopped and the error names the servers
   concerned. At most one runtime is live per process (NeMo Gym keeps one configuration per process).
+- `loop` is the caller's `BackgroundLoop` (in production the agent loop manager's, the only one it creates),
+  borrowed, never created or closed here: every `collect` must run on it, because NeMo Gym's process-wide
+  aiohttp session is created on the loop of the first request and bound to it, and `shutdown` closes that
+  session there.
 - `health()` / `check_health()` are cheap (process liveness; HTTP only on request) and name dead servers.
-- `collect(examples, deadline_s)` (awaitable from any event loop) / `collect_sync(...)` run the batch on the
-  runtime's loop (`collect.run_examples_in_order`), health-checking NeMo Gym's servers and the policy servers
-  (`spec.policy_health_failures` consecutive probes without an answer abort it) while it waits.
+- `await collect(examples, deadline_s)` runs the batch (`collect.run_examples_in_order`) on the running loop,
+  which must be `loop` (anything else raises `RuntimeError` before a request goes out); it enters no loop
+  itself. It health-checks NeMo Gym's servers and the policy servers (`spec.policy_health_failures`
+  consecutive probes without an answer abort it) while it waits.
 - `shutdown()` stops the head server and every process started (each server's wrapper and all of its
-  descendants: SIGTERM, then SIGKILL after `spec.shutdown_grace_s`), then closes NeMo Gym's HTTP session.
-  Idempotent; also runs at interpreter exit (verl never calls it), without starting a thread and without
-  printing anything. On SIGTERM of this process every process started is sent SIGKILL at once (`kill_now`; a
-  Ray actor such as verl's TaskRunner is SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already
-  installed runs (`processes.install_exit_hooks`).
+  descendants: SIGTERM, then SIGKILL after `spec.shutdown_grace_s`), then closes NeMo Gym's HTTP session on
+  `loop` (skipped if the loop is already closed). Idempotent; also runs at interpreter exit (verl never calls
+  it), without starting a thread and without printing anything. On SIGTERM of this process every process
+  started is sent SIGKILL at once (`kill_now`; a Ray actor such as verl's TaskRunner is SIGKILLed ~0.1 s after
+  its SIGTERM), then the SIGTERM handler already installed runs (`processes.install_exit_hooks`).
 
 NeMo Gym 0.4.0's `RunHelper.start` waits for servers with no deadline and cleans nothing up if it raises, and
 its `shutdown()` only signals the wrapper shells. So `start` runs on a helper thread under our deadline, and
@@ -26,6 +31,7 @@ teardown is ours (`processes.ProcessTable`, over `seams.RunHelperView`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -110,12 +116,11 @@ def _running_ray_address() -> str:
 
 
 class GymRuntime:
-    """A started NeMo Gym configuration. Build with `GymRuntime.start(spec)`; stop with `shutdown()`."""
+    """A started NeMo Gym configuration. Build with `GymRuntime.start(spec, loop=...)`; stop with `shutdown()`."""
 
-    def __init__(self, spec: GymServersSpec, loop: BackgroundLoop | None = None):
+    def __init__(self, spec: GymServersSpec, loop: BackgroundLoop):
         self.spec = spec
-        self._owns_loop = loop is None
-        self.loop = loop or BackgroundLoop(name="nemo-gym-loop")
+        self.loop = loop  # borrowed: the caller created it and closes it, after `shutdown()`
         self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None
         self._ng: seams.NeMoGymAPI | None = None
@@ -128,8 +133,11 @@ class GymRuntime:
     # ---------------------------------------------------------------- start
 
     @classmethod
-    def start(cls, spec: GymServersSpec, loop: BackgroundLoop | None = None) -> GymRuntime:
-        """Start every server and wait until all answer HTTP; on any failure nothing started is left running."""
+    def start(cls, spec: GymServersSpec, *, loop: BackgroundLoop) -> GymRuntime:
+        """Start every server and wait until all answer HTTP; on any failure nothing started is left running.
+
+        `loop` is the event loop every `collect` will run on (see the module docstring); it is not used to start.
+        """
         seams.check_config_paths(spec.all_config_paths, Path.cwd(), seams.nemo_gym_install_root())
         with LIVE_LOCK:
             live = [r for r in LIVE if not r._stopped]
@@ -235,33 +243,15 @@ class GymRuntime:
         self,
         examples: Sequence[Mapping[str, Any]],
         deadline_s: float,
-        max_concurrency: int | None = None,
         health_check_interval_s: float = 2.0,
     ) -> list[RowOutcome]:
-        """Run every row on its agent; results in input order. Awaitable from any event loop."""
+        """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop)."""
         self._check_not_stopped()
-        return await self.loop.arun(self._collect(examples, deadline_s, max_concurrency, health_check_interval_s))
-
-    def collect_sync(
-        self,
-        examples: Sequence[Mapping[str, Any]],
-        deadline_s: float,
-        max_concurrency: int | None = None,
-        health_check_interval_s: float = 2.0,
-    ) -> list[RowOutcome]:
-        """`collect` for callers without an event loop (the batch deadline bounds it; the loop timeout backs it)."""
-        self._check_not_stopped()
-        coro = self._collect(examples, deadline_s, max_concurrency, health_check_interval_s)
-        return self.loop.run(coro, timeout=deadline_s + 30.0, what="NeMo Gym batch")
-
-    async def _collect(
-        self,
-        examples: Sequence[Mapping[str, Any]],
-        deadline_s: float,
-        max_concurrency: int | None,
-        health_check_interval_s: float,
-    ) -> list[RowOutcome]:
-        self._check_not_stopped()
+        if asyncio.get_running_loop() is not self.loop.loop:
+            raise RuntimeError(
+                f"GymRuntime.collect must run on the loop given to GymRuntime.start ({self.loop.name!r}): NeMo "
+                "Gym's HTTP session is bound to it; await it there, e.g. `await runtime.loop.arun(...)`"
+            )
         ng = self._ng
         validate_examples(examples, self.agent_names)
         if self._server_client is None:
@@ -280,7 +270,6 @@ class GymRuntime:
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
-            max_concurrency=max_concurrency,
             progress=ProgressLine(),
         )
 
@@ -313,8 +302,6 @@ class GymRuntime:
             if self._ng is not None:
                 seams.close_global_session(self._ng, self.loop)
                 self._server_client = None
-            if self._owns_loop and not self.loop.in_loop_thread():
-                self.loop.close()
         finally:
             with LIVE_LOCK:
                 LIVE.discard(self)

@@ -20,11 +20,11 @@ from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
 
-# Refusals of the token-exact splice (`recipe.nemo_gym.splice.SpliceError`), as they appear in an agent's error
-# body: vLLM answers them with HTTP 400 and the message, NeMo Gym's model server and agent each wrap the inner
-# body in `repr` (quotes escaped, once per hop), so only text without quotes or backslashes is matched. Tied to
-# the wording of splice.py's rules ("rule 2 (unedited history) failed: ...", "rule 'one message per generation'
-# failed: ...").
+# Refusals of the token-exact splice (`recipe.nemo_gym.splice.carriers.SpliceError`), as they appear in an agent's
+# error body: vLLM answers them with HTTP 400 and the message, NeMo Gym's model server and agent each wrap the inner
+# body in `repr` (quotes escaped, once per hop), so only text without quotes or backslashes is matched. Tied to the
+# wording of the splice's rules in `recipe/nemo_gym/splice/` ("rule 2 (unedited history) failed: ...", "rule 'one
+# message per generation' failed: ...").
 _SPLICE_REFUSAL = re.compile(
     r"rule \d+ \([^()'\"\\]{1,80}\) failed|one message per generation[\\'\"]* failed|token-exact splice refused"
 )

@@ -6,7 +6,7 @@ verl 0.9.1 (`trainer.use_v1=false`, hybrid engine) drives a rollout through thre
   `CPUPolicyServerActor` per replica and hands its address to verl's load balancer, from which the NeMo Gym
   manager reads it. `sleep()`/`wake_up()` reach the server as in verl's own replicas.
 - `CPUPolicyServerActor` (a Ray actor, the counterpart of verl's `vLLMHttpServer`): runs the CPU policy server
-  (`recipe.nemo_gym.cpu_policy.server`: vLLM 0.24's own OpenAI app with only the engine replaced, splice patch
+  (`recipe.nemo_gym_testing.cpu_policy.server`: vLLM 0.24's own OpenAI app with only the engine replaced, splice patch
   on) as a child process that exits with the actor, and implements the server calls verl makes: token-in /
   token-out `generate` (through vLLM's `/v1/completions`), `sleep`/`wake_up` (vLLM's dev endpoints: a request
   reaching a sleeping engine fails, so a manager that lets a request outlive its batch is caught), KV-cache and
@@ -60,8 +60,8 @@ class CPUPolicyServerActor:
         self.weight_version = 0
 
     def launch_server(self) -> tuple[str, int]:
-        from recipe.nemo_gym.cpu_policy.script import ScriptedPolicy
-        from recipe.nemo_gym.cpu_policy.server import CPUPolicyServer
+        from recipe.nemo_gym_testing.cpu_policy.script import ScriptedPolicy
+        from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 
         script_path = os.environ.get(SCRIPT_ENV)
         script = ScriptedPolicy.from_file(script_path) if script_path else None

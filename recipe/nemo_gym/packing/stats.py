@@ -1,0 +1,57 @@
+"""`PackStats`: per-row statistics of one packed batch, and the batch-level scalars logged from them.
+
+Filled by `batch.BatchPacker` beside the `DataProto` (not as non-tensors, so nothing extra travels to every
+worker); `metrics.environment_metrics` splits them per environment. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recipe.nemo_gym.failures import FailureCause
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """Per-row statistics of one packed batch (numpy arrays of length B, row i = outcomes[i]).
+
+    Token counts describe the whole episode before any cut, except `trained_tokens` (generated tokens kept
+    in the response window, i.e. `response_mask.sum(-1)`). Failed rows have 0 everywhere and their cause in
+    `failure_cause` ("" for packed episodes).
+    """
+
+    num_turns: np.ndarray  # int32
+    model_calls: np.ndarray  # int32
+    generated_tokens: np.ndarray  # int64
+    trained_tokens: np.ndarray  # int64
+    env_tokens: np.ndarray  # int64
+    total_tokens: np.ndarray  # int64, first prompt + response
+    truncated: np.ndarray  # bool, response cut at response_length
+    stopped_on_length: np.ndarray  # bool, the model server reported max_output_tokens
+    reward: np.ndarray  # float32, the reward packed into rm_scores (0 for failed rows)
+    failure_cause: np.ndarray  # object, FailureCause value or ""
+    data_source: np.ndarray | None  # object, agent name per row, when known
+
+    @property
+    def failed(self) -> np.ndarray:
+        return self.failure_cause != ""
+
+    def metrics(self, prefix: str = "nemo_gym/") -> dict[str, float]:
+        """Batch-level scalars: counts, and means over episodes that were packed (not failed)."""
+        ok = ~self.failed
+        n_ok = int(ok.sum())
+        out = {
+            f"{prefix}episodes": float(len(self.failure_cause)),
+            f"{prefix}failed": float(len(self.failure_cause) - n_ok),
+            f"{prefix}truncated": float(self.truncated.sum()),
+            f"{prefix}stopped_on_length": float(self.stopped_on_length.sum()),
+        }
+        for cause in FailureCause:
+            out[f"{prefix}failed/{cause.value}"] = float((self.failure_cause == cause.value).sum())
+        for name in ("num_turns", "generated_tokens", "trained_tokens", "env_tokens", "total_tokens", "reward"):
+            values = getattr(self, name)[ok]
+            out[f"{prefix}{name}/mean"] = float(values.mean()) if n_ok else 0.0
+            out[f"{prefix}{name}/max"] = float(values.max()) if n_ok else 0.0
+        return out
