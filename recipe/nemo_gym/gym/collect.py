@@ -65,7 +65,8 @@ async def run_examples_in_order(
     post_run: Callable[[int, Mapping[str, Any]], Any],
     deadline_s: float,
     health_check: Callable[[], Any] | None = None,
-    health_check_interval_s: float = 2.0,
+    *,
+    health_check_interval_s: float,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[RowOutcome]:
     """Run `post_run(index, row)` for every row concurrently; return outcomes in input order.

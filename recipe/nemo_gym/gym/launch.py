@@ -243,9 +243,11 @@ class GymRuntime:
         self,
         examples: Sequence[Mapping[str, Any]],
         deadline_s: float,
-        health_check_interval_s: float = 2.0,
+        health_check_interval_s: float,
     ) -> list[RowOutcome]:
-        """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop)."""
+        """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
+
+        Both times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`)."""
         self._check_not_stopped()
         if asyncio.get_running_loop() is not self.loop.loop:
             raise RuntimeError(

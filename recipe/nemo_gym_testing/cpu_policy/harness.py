@@ -50,6 +50,34 @@ def compose_verl_config(overrides: Sequence[str], config_name: str = "ppo_traine
         return compose(config_name=config_name, overrides=list(overrides))
 
 
+def sized_overrides(
+    model_dir: str | Path,
+    agent_loop_config_path: str | Path,
+    *,
+    prompt_length: int,
+    response_length: int,
+    n: int,
+    batch_size: int,
+) -> list[str]:
+    """The plugin's overrides plus a job's size: the model, `n` samples at temperature 1 (greedy validation),
+    prompt and response lengths, and `batch_size` prompts per step in one actor update. Device-independent; the
+    CPU job runner and `cpu_trainer_overrides` both start from it."""
+    return [
+        *plugin_overrides(agent_loop_config_path),
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        f"data.train_batch_size={batch_size}",
+        f"data.max_prompt_length={prompt_length}",
+        f"data.max_response_length={response_length}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+    ]
+
+
 def cpu_trainer_overrides(
     model_dir: str | Path,
     agent_loop_config_path: str | Path,
@@ -59,22 +87,18 @@ def cpu_trainer_overrides(
     n: int,
     batch_size: int,
 ) -> list[str]:
-    """The overrides a user passes to `main_ppo` for this plugin, sized for a CPU run."""
+    """`sized_overrides` for a trainer config composed in-process (the tests' manager over a CPU server)."""
     return [
-        *plugin_overrides(agent_loop_config_path),
-        f"actor_rollout_ref.model.path={model_dir}",
+        *sized_overrides(
+            model_dir,
+            agent_loop_config_path,
+            prompt_length=prompt_length,
+            response_length=response_length,
+            n=n,
+            batch_size=batch_size,
+        ),
         "actor_rollout_ref.rollout.name=vllm",
-        f"actor_rollout_ref.rollout.n={n}",
-        f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
-        f"actor_rollout_ref.rollout.response_length={response_length}",
-        "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
-        f"data.train_batch_size={batch_size}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        f"data.max_prompt_length={prompt_length}",
-        f"data.max_response_length={response_length}",
     ]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from recipe.nemo_gym import verl_overrides
+from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
 from recipe.nemo_gym_testing.cpu_training.rollout import SCRIPT_ENV
 
@@ -97,24 +97,20 @@ def plugin_overrides(spec: JobSpec, agent_loop_config: Path) -> list[str]:
     """What a user passes to `main_ppo` to train with this plugin (sized by `spec`), device-independent."""
     files = lambda paths: "[" + ",".join(f"'{p}'" for p in paths) + "]"  # noqa: E731
     return [
-        *verl_overrides.plugin_overrides(agent_loop_config),
-        f"actor_rollout_ref.model.path={spec.model_dir}",
-        f"actor_rollout_ref.rollout.n={spec.n}",
-        f"actor_rollout_ref.rollout.prompt_length={spec.prompt_length}",
-        f"actor_rollout_ref.rollout.response_length={spec.response_length}",
-        "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.temperature=0.0",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        *harness.sized_overrides(
+            spec.model_dir,
+            agent_loop_config,
+            prompt_length=spec.prompt_length,
+            response_length=spec.response_length,
+            n=spec.n,
+            batch_size=spec.batch_size,
+        ),
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"data.train_files={files(spec.train_files)}",
         f"data.val_files={files(spec.val_files)}",
-        f"data.train_batch_size={spec.batch_size}",
-        f"data.max_prompt_length={spec.prompt_length}",
-        f"data.max_response_length={spec.response_length}",
         "data.dataloader_num_workers=0",
         f"data.seed={spec.seed}",
         f"actor_rollout_ref.actor.optim.lr={spec.lr}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={spec.batch_size}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.use_kl_loss=false",
