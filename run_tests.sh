@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The test command: set up the environment if needed, then run the CPU test suite.
 # GPU tests live in tests/gpu/ and are run by hand on an accelerator machine (see README).
 set -euo pipefail

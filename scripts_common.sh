@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Shared code of submit_math.sh and submit_multienv.sh: sourced, never executed.
 #

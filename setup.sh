@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build (or check) the project's environment in .venv: Python 3.12 from pyenv, every package from uv.lock.
 #
 # Quick no-op when .venv already matches uv.lock. Never downloads a Python interpreter; needs only PyPI.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Train with verl on NeMo Gym's math environment (math_with_judge, judge off): GRPO, vLLM rollouts, FSDP or
 # Megatron (STRATEGY in config.env).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Train with verl on a blend of NeMo Gym environments (math_with_judge and workplace_assistant): each JSONL
 # row names its environment in agent_ref.name; GRPO, vLLM rollouts, FSDP or Megatron (STRATEGY in config.env).
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NeMoGymJSONLDataset on a 1 GB, 1M-row JSONL: resident memory after opening, and time per random row.
 
 Writes `--rows` rows of about `--row-bytes` bytes each (NeMo Gym shape: a system and a user message, an agent

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load: many concurrent NeMo Gym episodes through the real manager on CPU, with open file descriptors sampled.
 
 One batch of `--episodes` math episodes (NeMo Gym's example math rows, cycled; `rollout.n=1`) goes through

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packing speed: NeMo Gym result dicts -> `Episode`s -> verl `DataProto`, on one pinned core.
 
 Builds synthetic results in the NeMo Gym shape (`recipe.nemo_gym_testing.results.synthetic_result`): each

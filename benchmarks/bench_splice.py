@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Chat preprocessing time per request with and without the token-exact splice patch.
 
 Builds vLLM 0.24's own `OpenAIServingRender` for the tiny Qwen3 model directory (genuine Qwen3 tokenizer and

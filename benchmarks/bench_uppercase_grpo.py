@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Does the tiny random-weight Qwen3 learn `uppercase_share` in a few GRPO steps? A pure-torch check, no verl.
 
 The loop mirrors what verl 0.9.1 does for `algorithm.adv_estimator=grpo` with one update per step

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`NeMoGymAgentLoopManager`: verl 0.9.1's agent loop manager, with NeMo Gym running every episode.
 
 Loaded by verl's trainer (`trainer.use_v1=false`) through

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin's settings: one YAML file (`agent_loop_config_path`), validated once into `NeMoGymConfig`.
 
 Contract:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`NeMoGymJSONLDataset`: NeMo Gym JSONL rows for verl, read lazily through a byte-offset index.
 
 verl constructs it as `cls(data_files=, tokenizer=, processor=, config=, max_samples=)` (set

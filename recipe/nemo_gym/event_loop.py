@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One persistent asyncio event loop on a daemon thread, usable from any thread or any other loop.
 
 Why it exists: verl 0.9.1 runs the manager's `create` under `auto_await`, which uses `asyncio.run` when no loop

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Typed rollout failures and the per-batch failure budget.
 
 Every episode that cannot be trained on exactly as generated is one `EpisodeFailure` with a `FailureCause`.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Byte-offset index of a JSONL file: where each non-blank line starts, without keeping any line.
 
 `index_jsonl(path)` scans the file in fixed-size chunks (memory bounded by the chunk, whatever the file size)

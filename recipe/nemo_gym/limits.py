@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """HTTP connection limits for NeMo Gym's aiohttp clients, derived from the file-descriptor limit (RLIMIT_NOFILE).
 
 Why: NeMo Gym 0.4.0 gives every process that talks HTTP (the manager, which posts each episode to its agent,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-environment rollout metrics, from the statistics packing returns beside each batch (`PackStats`).
 
 verl 0.9.1 has no channel for a rollout's own training scalars, but it copies every key of the rollout's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """verl rows to NeMo Gym examples: the request side of a rollout, as pure functions.
 
 Contract:

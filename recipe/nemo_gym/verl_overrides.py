@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The verl overrides that plug this recipe into `python -m verl.trainer.main_ppo`: stated once, used everywhere.
 
 `plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its

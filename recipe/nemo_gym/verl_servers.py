@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Find the OpenAI-compatible vLLM servers verl 0.9.1 launched, and the model name they serve.
 
 verl hands a custom manager an `LLMServerClient`, not server addresses. The client holds the global load

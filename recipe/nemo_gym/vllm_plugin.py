@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Activation module: importing it arms the token-exact splice patch for vLLM in this process.
 
 Meant to be named in verl's `VERL_USE_EXTERNAL_MODULES`, which `verl/__init__.py` (0.9.1) imports in every

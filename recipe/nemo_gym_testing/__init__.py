@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test support for the NeMo Gym recipe: nothing here is part of what a user deploys.
 
 `cpu_training` runs verl's real trainer (`python -m verl.trainer.main_ppo`) on a machine without a GPU, so the

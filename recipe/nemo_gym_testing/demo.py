@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The main job on CPU: `./run_demo.sh` trains with verl's real `main_ppo` and this plugin on a NeMo Gym blend.
 
     python -m recipe.nemo_gym_testing.demo [--steps N] [--out DIR]
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=8,
         n=8,
         prompt_length=768,
-        response_length=32,
+        response_length=16,
         lr=3e-1,  # a random-weight model moves only at a high rate (benchmarks/bench_uppercase_grpo.py)
         save_freq=args.steps,
         test_freq=-1,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A `GymRuntime` for plain (loop-less) test code: started on an event loop of its own, batches run blocking.
 
 In production the agent loop manager creates the one `BackgroundLoop`, passes it to `GymRuntime.start` and

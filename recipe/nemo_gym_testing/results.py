@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test support for packing: NeMo Gym results built from token lists, and a batch packed in one call.
 
 - `synthetic_result(calls, ...)`: a result dict in the shape `simple_agent` + `vllm_model` return.

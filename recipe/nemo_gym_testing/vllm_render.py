@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.24's own chat render and `/tokenize` objects for a local model directory, with no engine.
 
 Test support: the splice tests, the template matrix and `benchmarks/bench_splice.py` drive vLLM's real chat

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`uppercase_share`: a NeMo Gym resources server with a graded reward, the example of adding an environment.
 
 What it checks: the prompt asks the model to answer in CAPITAL LETTERS, and `/verify` grades the answer's text

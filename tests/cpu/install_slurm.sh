@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install Slurm and munge (Debian/Ubuntu packages slurm-wlm and munge) when they are missing, for the tests
 # that run the submit scripts under a private one-node Slurm cluster (tests/cpu/test_slurm.py).
 #

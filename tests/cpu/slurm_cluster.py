@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A private one-node Slurm cluster for tests: its own munged, slurmctld and slurmd, started as root.
 
 Everything lives under one fresh directory (`/tmp/ngslurm-*`, short: munge and slurmd put Unix sockets in it):

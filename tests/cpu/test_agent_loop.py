@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The manager's batch logic on the batches verl 0.9.1's trainer builds, with NeMo Gym's servers replaced in-process.
 
 Real: verl's trainer config (Hydra), `NeMoGymJSONLDataset`, verl's collate, its validation padding

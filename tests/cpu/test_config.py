@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin YAML: shipped configs load, bad keys and unset variables are named."""
 
 from pathlib import Path

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU training backend's server actor answers verl's server calls as verl's `vLLMHttpServer` does.
 
 `CPUPolicyServerActor` is used here as a plain object (Ray only wraps it): it starts a real CPU policy server
@@ -16,6 +17,8 @@ from safetensors.torch import load_file
 
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.rollout import CPUPolicyServerActor
+
+pytestmark = pytest.mark.integration
 
 PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nhello<|im_end|>\n...
 GREEDY = {"max_tokens": 6, "temperature": 0.0}

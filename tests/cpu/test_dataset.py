@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NeMoGymJSONLDataset and its byte-offset index: laziness, file quirks, errors naming file and line, verl glue."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU end to end: the real manager, created as verl creates it, on NeMo Gym's real math and workplace servers.
 
 Path under test (only vLLM's GPU engine is replaced):
@@ -9,6 +10,8 @@ the packed DataProto -> verl's GRPO advantage and vanilla policy loss.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import psutil
 import pytest
@@ -22,6 +25,9 @@ from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.helpers import SharedStack
+
+pytestmark = pytest.mark.integration
 
 MULTIENV = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "multienv.yaml"
 MATH = "math_with_judge_simple_agent"
@@ -30,30 +36,47 @@ N = 2
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    model_dir = tiny_qwen3_dir()
-    rows = harness.example_rows()
-    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
-    overrides = harness.cpu_trainer_overrides(
-        model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
-    )
-    config = harness.compose_verl_config(overrides)
-    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
-    server = CPUPolicyServer(model_dir, script=example_episodes_policy()).start()
+def stacks(tmp_path_factory):
+    """The module's stacks, one live at a time: the shutdown test takes one no other test uses after it."""
+
+    @contextlib.contextmanager
+    def start():
+        tmp = tmp_path_factory.mktemp("e2e")
+        model_dir = tiny_qwen3_dir()
+        rows = harness.example_rows()
+        data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+        overrides = harness.cpu_trainer_overrides(
+            model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
+        )
+        config = harness.compose_verl_config(overrides)
+        dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+        server = CPUPolicyServer(model_dir, script=example_episodes_policy()).start()
+        try:
+            with harness.manager_on_cpu_server(config, server) as manager:
+                yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
+        finally:
+            server.stop()
+
+    holder = SharedStack(start)
     try:
-        with harness.manager_on_cpu_server(config, server) as manager:
-            yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
+        yield holder
     finally:
-        server.stop()
+        holder.stop()
 
 
-@pytest.fixture(scope="module")
-def training(stack):
-    """One training batch: every row, each repeated rollout.n times."""
-    kept, batch = harness.trainer_batches(stack["dataset"], range(len(stack["dataset"])), stack["config"])
-    output = stack["manager"].generate_sequences(batch)
-    return batch, kept.union(output), list(stack["manager"].last_results)
+@pytest.fixture
+def stack(stacks):
+    return stacks.shared()
+
+
+@pytest.fixture
+def training(stacks, stack):
+    """One training batch: every row, each repeated rollout.n times (run once per started stack)."""
+    if "training" not in stacks.cache:
+        kept, batch = harness.trainer_batches(stack["dataset"], range(len(stack["dataset"])), stack["config"])
+        output = stack["manager"].generate_sequences(batch)
+        stacks.cache["training"] = batch, kept.union(output), list(stack["manager"].last_results)
+    return stacks.cache["training"]
 
 
 def _calls(result):
@@ -190,8 +213,8 @@ def test_validation_uses_val_kwargs_and_a_later_batch_works(training, stack):
     assert {r["response"]["temperature"] for r in training_results} == {1.0}
 
 
-def test_shutdown_leaves_no_nemo_gym_process(stack):
-    manager = stack["manager"]
+def test_shutdown_leaves_no_nemo_gym_process(stacks):
+    manager = stacks.own()["manager"]
     pids = list(manager._runtime.pids())  # noqa: SLF001 - the test checks the process list, not the manager's word
     assert pids
     manager.shutdown()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The example environment `uppercase_share` (resources_servers/uppercase_share): its reward, exactly, three ways.
 
 - the pure reward function (`uppercase_share`, `count_uppercase`);
@@ -15,12 +16,8 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
-import socket
 import sys
-import threading
-import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
@@ -31,6 +28,7 @@ from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.seams import restore_process_globals
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym_testing.gym_runtime import collect_blocking, start_runtime
+from recipe.nemo_gym_testing.helpers import ChatCompletionStub, chat_completion, free_port, math_row
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_DIR = REPO / "resources_servers" / "uppercase_share"
@@ -136,87 +134,32 @@ def test_verify_grades_the_assistant_messages_joined_and_reports_the_counts(app)
 # --------------------------------------------------------------------------- the blend, started for real
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ReplyStub:
+class ReplyStub(ChatCompletionStub):
     """vLLM's OpenAI chat server, as NeMo Gym's training model server calls it, answering `REPLY:<text>` prompts.
 
     The reply is the text after `REPLY:` in the last user message, with made-up token IDs and log-probs
     (`token_id:<n>` strings), and `/tokenize` answers with a fixed prompt.
     """
 
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path.endswith("/tokenize"):
-                    return self._send({"tokens": [1, 2, 3], "count": 3, "max_model_len": 4096})
-                user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
-                text = user.split("REPLY:", 1)[1] if "REPLY:" in user else ""
-                logprobs = [
-                    {"token": f"token_id:{i}", "logprob": -0.5, "bytes": None, "top_logprobs": []} for i in (7, 8)
-                ]
-                self._send(
-                    {
-                        "id": "chatcmpl-stub",
-                        "object": "chat.completion",
-                        "created": int(time.time()),
-                        "model": body.get("model", "stub"),
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                                "finish_reason": "stop",
-                                "logprobs": {"content": logprobs},
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-                    }
-                )
-
-            def _send(self, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def respond(self, body: dict) -> tuple[int, dict]:
+        user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        return 200, chat_completion(body, user.split("REPLY:", 1)[1] if "REPLY:" in user else "", (7, 8))
 
 
 @pytest.fixture(scope="module")
-def blend(tmp_path_factory: pytest.TempPathFactory):
+def blend(tmp_path_factory: pytest.TempPathFactory, ray_address: str):
     """demo_blend.yaml's servers, started from the repository root as the trainer starts them."""
-    import ray
-
     tmp = tmp_path_factory.mktemp("blend")
     stub = ReplyStub()
     runtime = None
     try:
-        ray.init(num_cpus=2, include_dashboard=False)
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(REPO)  # relative config paths and the server folder resolve against the current directory
             spec = GymServersSpec.from_config(
                 load_config(BLEND),
                 policy_base_urls=[stub.url],
                 policy_model_name="tiny-qwen3",
-                ray_head_node_address=ray.get_runtime_context().gcs_address,
+                ray_head_node_address=ray_address,
             )
             spec = dataclasses.replace(
                 spec, head_server_port=free_port(), cache_dir=tmp / "cache", log_dir=tmp / "logs", startup_timeout_s=300
@@ -226,7 +169,6 @@ def blend(tmp_path_factory: pytest.TempPathFactory):
     finally:
         if runtime is not None:
             runtime.shutdown()
-        ray.shutdown()  # a no-op if ray.init failed
         stub.close()
 
 
@@ -239,6 +181,7 @@ def post_verify(runtime: GymRuntime, body: dict) -> dict:
         return json.loads(reply.read())
 
 
+@pytest.mark.integration
 def test_blend_starts_every_environment_with_ours_among_them(blend: GymRuntime) -> None:
     assert {s.name for s in blend.servers} == {
         "policy_model",
@@ -254,11 +197,13 @@ def test_blend_starts_every_environment_with_ours_among_them(blend: GymRuntime) 
 
 
 @pytest.mark.parametrize(("text", "reward", "upper", "counted"), CASES)
+@pytest.mark.integration
 def test_verify_endpoint_returns_the_exact_reward(blend: GymRuntime, text, reward, upper, counted) -> None:
     out = post_verify(blend, verify_body(text))
     assert (out["reward"], out["uppercase_chars"], out["counted_chars"]) == (reward, upper, counted)
 
 
+@pytest.mark.integration
 def test_rows_run_end_to_end_through_the_agent_with_exact_rewards(blend: GymRuntime) -> None:
     template = (ENV_DIR / "data" / "example.jsonl").read_text().splitlines()[0]
     replies = ["hello there", "HELLO THERE", "Hello There", "OK ok"]
@@ -267,12 +212,7 @@ def test_rows_run_end_to_end_through_the_agent_with_exact_rewards(blend: GymRunt
         row = json.loads(template)
         row["responses_create_params"]["input"][-1]["content"] += f" REPLY:{reply}"
         batch.append(row)
-    math = {
-        "responses_create_params": {"input": [{"role": "user", "content": "What is 2+2? REPLY:\\boxed{4}"}]},
-        "question": "What is 2+2?",
-        "expected_answer": "4",
-        "agent_ref": {"name": "math_with_judge_simple_agent"},
-    }
+    math = math_row("What is 2+2?", content="What is 2+2? REPLY:\\boxed{4}")
     out = collect_blocking(blend, [*batch, math], deadline_s=120)
     assert [o["reward"] for o in out] == [0.0, 1.0, 0.2, 0.5, 1.0]
     assert [(o["uppercase_chars"], o["counted_chars"]) for o in out[:4]] == [(0, 10), (10, 10), (2, 10), (2, 4)]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The failure budget: ceil(max_fraction x batch) failed episodes pass, one more fails the step with a summary."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The test fixtures themselves: the genuine Qwen3 tokenizer and chat template, and the tiny model's sampler."""
+# SPDX-License-Identifier: Apache-2.0
+"""The test fixtures themselves: the genuine Qwen3 tokenizer and chat template (the `tokenizer` fixture of
+conftest.py), and the tiny model's sampler."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import math
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import (
@@ -20,11 +21,6 @@ from recipe.nemo_gym_testing.cpu_policy.qwen3 import (
     WEATHER_TOOL,
 )
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(tiny_qwen3_dir())
 
 
 @pytest.fixture(scope="module")

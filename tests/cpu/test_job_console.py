@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU job runner's console: verl's logged step metrics and the manager's progress lines, as a user sees them."""
 
 from __future__ import annotations

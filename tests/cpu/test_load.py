@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load and lifetime of the whole stack on CPU: connection limits from the file limit, 512 concurrent episodes,
 and no NeMo Gym or policy-server process left after the trainer fails.
 
@@ -17,7 +18,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +34,7 @@ from recipe.nemo_gym.limits import (
     derive_connection_limits,
     server_soft_limit,
 )
+from recipe.nemo_gym_testing.helpers import alive, free_port, nemo_gym_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "benchmarks" / "bench_load.py"
@@ -116,23 +117,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def policy():
     from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
@@ -172,6 +156,7 @@ def _expected_keys(soft: int, hard: int) -> dict:
     return derive_connection_limits(soft, hard).as_overrides()
 
 
+@pytest.mark.integration
 def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_limit(tmp_path, ray_address, policy):
     report = _run_load(tmp_path, ray_address, policy, nofile=None)
     _assert_batch_complete(report)
@@ -190,6 +175,7 @@ def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_l
     assert not [line for line in Path(policy.log_path).read_text().splitlines() if bench.is_emfile_error(line)]
 
 
+@pytest.mark.integration
 def test_with_a_1024_file_limit_the_derived_limits_queue_instead_of_failing(tmp_path, ray_address, policy):
     report = _run_load(tmp_path, ray_address, policy, nofile=1024)
     _assert_batch_complete(report)
@@ -252,36 +238,8 @@ else:
 """
 
 
-def _nemo_gym_servers(head_port: int) -> list[psutil.Process]:
-    """Live NeMo Gym server processes of the configuration with this head port (NeMo Gym puts its whole config,
-    head server included, in each server's environment)."""
-    marker = f"port: {head_port}"
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            config = proc.environ().get("NEMO_GYM_CONFIG_DICT", "")
-        except psutil.Error:
-            continue
-        if marker in config:
-            found.append(proc)
-    return found
-
-
-def _alive(pids) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
 def _start_trainer(tmp: Path, ray_address: str, mode: str, policy_address: str = "-"):
-    head_port = _free_port()
+    head_port = free_port()
     env = bench.ENVIRONMENTS["weather"]
     bench.plugin_yaml(
         tmp / "plugin.yaml", env, head_port=head_port, log_dir=tmp / "logs", batch_s=60, default_limits=False
@@ -303,7 +261,7 @@ def _start_trainer(tmp: Path, ray_address: str, mode: str, policy_address: str =
         time.sleep(0.2)
     ready = json.loads((tmp / "ready.json").read_text())
     family = [p.pid for p in child.children(recursive=True)]
-    servers = [p.pid for p in _nemo_gym_servers(head_port)]
+    servers = [p.pid for p in nemo_gym_processes(head_port)]
     assert len(servers) >= 3, servers  # model server, resources server, agent
     return child, head_port, ready, family, servers
 
@@ -314,23 +272,25 @@ def _reap(child: psutil.Popen, pids) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         child.kill()
         _, err = child.communicate(timeout=30)
-    survivors = _alive(pids)
+    survivors = alive(pids)
     for pid in survivors:  # leave the machine clean whatever the assertions below say
         with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
     return child.returncode, err
 
 
+@pytest.mark.integration
 def test_an_exception_in_the_trainer_leaves_no_nemo_gym_or_policy_server_process(tmp_path, ray_address):
     child, head_port, ready, family, servers = _start_trainer(tmp_path, ray_address, "exception")
     assert ready["policy_pid"] in family and set(servers) <= set(family)
     (tmp_path / "raise_now").write_text("")
     code, err = _reap(child, family)
     assert code == 1 and "RuntimeError: trainer step failed" in err, err[-3000:]
-    assert _alive(family) == []
-    assert _nemo_gym_servers(head_port) == []
+    assert alive(family) == []
+    assert nemo_gym_processes(head_port) == []
 
 
+@pytest.mark.integration
 def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy):
     child, head_port, _, family, servers = _start_trainer(
         tmp_path, ray_address, "sigterm", policy_address=f"{policy.host}:{policy.port}"
@@ -340,5 +300,5 @@ def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address
     # The runtime's hook stopped the servers, then chained to the handler before it: Ray's driver handler, which
     # exits with the signal number.
     assert code == signal.SIGTERM, err[-3000:]
-    assert _alive(family) == []
-    assert _nemo_gym_servers(head_port) == []
+    assert alive(family) == []
+    assert nemo_gym_processes(head_port) == []

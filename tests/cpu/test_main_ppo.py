@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """verl's real `python -m verl.trainer.main_ppo` trains through the plugin on CPU (the product, end to end).
 
 One module-scoped run of the CPU training backend (`recipe.nemo_gym_testing.cpu_training`): validation before
@@ -32,7 +33,7 @@ from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
 from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
 
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
 WORKPLACE = "workplace_assistant_simple_agent"
 MATH = "math_with_judge_simple_agent"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A trainer that exits without calling the manager's `shutdown()` (verl 0.9.1's never does) leaves no NeMo Gym
 process behind and prints no error.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.helpers import alive, free_port, math_row, nemo_gym_processes
 
 CHILD = r"""
 import json, sys
@@ -85,38 +85,9 @@ else:
     # run_ppo returns, main_ppo's driver exits; nothing terminates the TaskRunner actor explicitly.
 """
 
+pytestmark = pytest.mark.integration
+
 PROBLEM_WORDS = ("Traceback", "Error", "Exception")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
-def gym_processes(head_port: int) -> list[int]:
-    """Every live NeMo Gym server process of the configuration with this head port (found by its environment)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and f"port: {head_port}" in proc.environ().get(
-                "NEMO_GYM_CONFIG_DICT", ""
-            ):
-                found.append(proc.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -157,15 +128,7 @@ nemo_gym:
 {logs}timeouts: {{startup_s: 600, batch_s: 300}}
 """
     )
-    rows = [
-        {
-            "responses_create_params": {"input": [{"role": "user", "content": q}]},
-            "question": q,
-            "expected_answer": "4",
-            "agent_ref": {"type": "responses_api_agents", "name": "math_with_judge_simple_agent"},
-        }
-        for q in ("What is 2+2?", "What is 3+1?")
-    ]
+    rows = [math_row(q) for q in ("What is 2+2?", "What is 3+1?")]
     harness.write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box
@@ -184,7 +147,7 @@ def survivors_after(run: ChildRun, seconds: float, also: Sequence[int] = ()) -> 
     """The processes of `run.pids` (and `also`) still alive `seconds` after the child exited.
 
     Well under 60 s: a NeMo Gym server whose Ray goes away exits by itself after 60 s of failed GCS reconnects,
-    which would pass for a clean exit.
+    which would pass for a clean exit. (20 s and 30 s, not less: a loaded 2-core machine is slow to reap.)
     """
     deadline = run.exited + seconds
     while (alive(run.pids) or alive(list(also))) and time.monotonic() < deadline:
@@ -209,8 +172,8 @@ def test_trainer_script_exit_without_shutdown_stops_every_nemo_gym_process_silen
     run = run_child(tmp_path, ray_dir, policy, "script", log_dir=False)
     assert run.returncode == 0, run.stderr[-5000:]
     assert len(run.pids) >= 3  # the model server, the math server and its agent (with their wrappers)
-    assert survivors_after(run, 5.0) == [], "NeMo Gym processes outlived the trainer"
-    assert gym_processes(run.head_port) == []
+    assert survivors_after(run, 20.0) == [], "NeMo Gym processes outlived the trainer"
+    assert nemo_gym_processes(run.head_port) == []
     assert problem_lines(run.stderr) == [], run.stderr[-5000:]
 
 
@@ -220,10 +183,10 @@ def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_
     assert run.returncode == 0, run.stderr[-5000:]
     assert len(run.pids) >= 3
     actor_pid = int((tmp_path / "actor_pid").read_text())
-    survivors = survivors_after(run, 15.0, also=[actor_pid])
+    survivors = survivors_after(run, 30.0, also=[actor_pid])
     assert actor_pid not in survivors, "Ray did not end the TaskRunner actor"
     assert survivors == [], "NeMo Gym processes outlived the TaskRunner actor"
-    assert gym_processes(run.head_port) == []
+    assert nemo_gym_processes(run.head_port) == []
     assert problem_lines(run.stderr) == [], run.stderr[-5000:]
     worker_logs = list(ray_dir.glob(f"session_*/logs/worker-*-{actor_pid}.err"))
     assert worker_logs, "the actor's stderr log was not found"

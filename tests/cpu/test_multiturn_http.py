@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A 4-turn episode over HTTP: NeMo Gym's real training model server against vLLM 0.24's real OpenAI server.
 
 The CPU policy server (`recipe.nemo_gym_testing.cpu_policy.server`) runs vLLM's own app with the splice patch
@@ -18,6 +19,8 @@ from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+
+pytestmark = pytest.mark.integration
 
 SERVED_NAME = "policy"
 # The Responses API (NeMo Gym's side) spells a function tool flat, not nested under "function".

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packing NeMo Gym results into verl 0.9.1 rollout tensors: exact tensors, data faults, verl's own math on them."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The progress line a batch logs while NeMo Gym runs it (`gym.collect.ProgressLine`, `run_examples_in_order`)."""
 
 from __future__ import annotations

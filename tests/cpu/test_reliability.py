@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reliability of a rollout: dead policy server, splice refusals, the failure budget, bad agents, over-long prompts.
 
 Two layers:
@@ -7,7 +8,7 @@ Two layers:
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
   workplace servers and the CPU policy server (vLLM 0.24's OpenAI server with the splice patch; only the GPU
   engine is replaced, by a scripted policy). One start for the module; the test that kills the policy server
-  runs last.
+  takes a stack no other test uses after it (the shared one when it runs last, as in file order).
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """
@@ -15,6 +16,7 @@ Every figure a test measures (seconds until an error, counts) is printed: run wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -40,11 +42,13 @@ from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row, workplace_row
 from recipe.nemo_gym_testing.results import synthetic_result
 
 MATH = "math_with_judge_simple_agent"
 WORKPLACE = "workplace_assistant_simple_agent"
 EOS = 151645
+SPLICE_PREFIX = "token-exact splice refused: "
 PROMPT_LENGTH = 6144
 RESPONSE_LENGTH = 1024
 
@@ -52,9 +56,10 @@ RESPONSE_LENGTH = 1024
 
 # The body of a workplace row's `/run` (HTTP 500) when the splice patch refused the second model call (the
 # policy's first generation held an EOS in its middle), captured from this file's stack: vLLM's 400, wrapped
-# by NeMo Gym's model server and agent (each hop `repr`s the inner body). SpliceError's message prefix
-# ("token-exact splice refused: ") was added after the capture; the test below rebuilds the body from it.
-REAL_REFUSAL_BODY = '"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"token-exact splice refused: rule 2 (unedited history) failed: the model\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s own tokens hold 4 EOS token(s) (3 before the generation\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s end, generation ended on EOS) but the history rendered up to that turn holds 3; the history was edited after the model produced it (truncated, summarised, or a turn split or merged)\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
+# by NeMo Gym's model server and agent (each hop `repr`s the inner body). Kept as captured: SpliceError's message
+# prefix (SPLICE_PREFIX) came later, so the relay test rebuilds this body from today's message without it, and
+# the classification test also reads the body today's message makes.
+REAL_REFUSAL_BODY = '"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"rule 2 (unedited history) failed: the model\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s own tokens hold 4 EOS token(s) (3 before the generation\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s end, generation ended on EOS) but the history rendered up to that turn holds 3; the history was edited after the model produced it (truncated, summarised, or a turn split or merged)\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
 # The body of a math row's `/run` when the policy's completion carried a NaN log-prob: vLLM's server cannot
 # encode the response and answers 400 with the JSON encoder's message; NeMo Gym relays it the same way.
 REAL_NAN_BODY = '"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"Out of range float values are not JSON compliant: nan\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
@@ -105,17 +110,26 @@ def splice_refusals() -> dict[str, str]:
 # --------------------------------------------------------------------------- failure causes of error bodies
 
 
+def captured_refusal() -> SpliceError:
+    """The refusal of REAL_REFUSAL_BODY, raised again: 4 EOS in the model's tokens, 3 in the render."""
+    with pytest.raises(SpliceError) as err:
+        splice_prompt_ids([EOS, EOS, EOS, 1, EOS], [EOS, EOS, EOS], [EOS] * 4, eos_token_id=EOS)
+    return err.value
+
+
 def test_real_splice_refusal_relayed_by_nemo_gym_is_contiguity_broken_with_a_readable_detail():
-    assert server_error_cause(REAL_REFUSAL_BODY) is FailureCause.CONTIGUITY_BROKEN
-    failure = server_error_failure(3, WORKPLACE, 500, REAL_REFUSAL_BODY.encode())
-    assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
-    assert failure.detail.startswith(
-        f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
-        "splice): rule 2 (unedited history) failed: the model's own tokens hold"
-    )
-    assert failure.detail.endswith(
-        "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
-    )
+    todays_body = nemo_gym_relay(vllm_400(str(captured_refusal())), hops(WORKPLACE))
+    for body in (REAL_REFUSAL_BODY, todays_body):
+        assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN
+        failure = server_error_failure(3, WORKPLACE, 500, body.encode())
+        assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
+        assert failure.detail.startswith(
+            f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
+            "splice): rule 2 (unedited history) failed: the model's own tokens hold"
+        )
+        assert failure.detail.endswith(
+            "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
+        )
 
 
 def test_every_splice_rule_refusal_is_contiguity_broken_after_nemo_gyms_relay():
@@ -130,9 +144,9 @@ def test_every_splice_rule_refusal_is_contiguity_broken_after_nemo_gyms_relay():
 
 def test_relay_written_here_reproduces_the_captured_bodies_byte_for_byte():
     """So the bodies built for the rules the stack was not driven into are what the stack would send."""
-    with pytest.raises(SpliceError) as err:  # the captured refusal: 4 EOS in the model's tokens, 3 in the render
-        splice_prompt_ids([EOS, EOS, EOS, 1, EOS], [EOS, EOS, EOS], [EOS] * 4, eos_token_id=EOS)
-    assert nemo_gym_relay(vllm_400(str(err.value)), hops(WORKPLACE)) == REAL_REFUSAL_BODY
+    message = str(captured_refusal())
+    assert message.startswith(SPLICE_PREFIX)
+    assert nemo_gym_relay(vllm_400(message.removeprefix(SPLICE_PREFIX)), hops(WORKPLACE)) == REAL_REFUSAL_BODY
     nan_message = "Out of range float values are not JSON compliant: nan"
     assert nemo_gym_relay(vllm_400(nan_message), hops(MATH)) == REAL_NAN_BODY
 
@@ -269,6 +283,7 @@ class HealthServer:
         self.server.server_close()
 
 
+@pytest.mark.integration
 def test_probe_tells_refused_and_silent_servers_from_slow_or_failing_ones():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -296,13 +311,17 @@ def test_probe_tells_refused_and_silent_servers_from_slow_or_failing_ones():
     assert answered == ProbeResult(slow.base_url, True, "HTTP 503")
 
 
+@pytest.mark.integration
 def test_batch_waiting_on_a_policy_server_that_stops_answering_is_aborted_naming_it():
     """The batch core with the real watch and real probes: slow-but-alive never aborts; a dead server does."""
     server = HealthServer(status=200, delay_s=0.15)
     watch = PolicyWatch([server.base_url], timeout_s=1.0, max_failures=3)
     closed_at: list[float] = []
 
-    def kill() -> None:
+    def kill() -> None:  # once it was probed five times: what it answered counts, not how fast this machine is
+        deadline = time.monotonic() + 60
+        while server.requests < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
         server.close()
         closed_at.append(time.monotonic())
 
@@ -310,7 +329,7 @@ def test_batch_waiting_on_a_policy_server_that_stops_answering_is_aborted_naming
         await asyncio.sleep(3600)  # as NeMo Gym's model server retrying a dead policy server: forever
         return {}
 
-    killer = threading.Timer(2.0, kill)
+    killer = threading.Thread(target=kill)
     killer.start()
     try:
         with pytest.raises(RolloutAborted) as err:
@@ -328,38 +347,23 @@ def test_batch_waiting_on_a_policy_server_that_stops_answering_is_aborted_naming
     message = str(err.value)
     assert message.startswith(f"policy server(s) ['{server.base_url}'] unreachable with 2 of 2 episodes pending")
     assert "3 times in a row" in message and "Connection refused" in message
-    assert aborted_at - closed_at[0] < 5.0
+    assert 0 < aborted_at - closed_at[0] < 30.0  # after the close, not at the batch deadline (60 s)
 
 
 # ----------------------------------------------------------------------------------- the real manager
 
 
-def _math_row(question: str, expected: str = "4") -> dict:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": question}]},
-        "question": question,
-        "expected_answer": expected,
-        "agent_ref": {"type": "responses_api_agents", "name": MATH},
-    }
-
-
-def _workplace_row(marker: str) -> dict:
-    row = harness.example_rows([WORKPLACE])[0]
-    row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
-    return row
-
-
 # Dataset rows, by what the stack does with them. Words are one token each ("word " -> " word").
 ROWS = {
-    "good_math": _math_row("What is 2+2?"),
-    "nan_logprob": _math_row("What is 2+2? MARK_NAN"),  # NaN log-prob: vLLM cannot send it (HTTP 500)
-    "huge_logprob": _math_row("What is 2+2? MARK_HUGE"),  # 1e39: sent, but infinite in float32
-    "eos_inside": _workplace_row("MARK_EOS_INSIDE"),  # an EOS inside a generation: the next turn is refused
-    "good_workplace": _workplace_row("MARK_TOOL"),  # a tool call, its result, a closing message
-    "over_prompt_length": _math_row("What is 2+2? " + "word " * 6500),  # fits the context (8192), not P
-    "over_context": _math_row("What is 2+2? " + "word " * 9000),  # beyond the model's 8192 positions
-    "good_math_2": _math_row("What is 3+1?"),
-    "unknown_agent": {**_math_row("What is 1+3?"), "agent_ref": {"name": "no_such_agent"}},
+    "good_math": math_row("What is 2+2?"),
+    "nan_logprob": math_row("What is 2+2? MARK_NAN"),  # NaN log-prob: vLLM cannot send it (HTTP 500)
+    "huge_logprob": math_row("What is 2+2? MARK_HUGE"),  # 1e39: sent, but infinite in float32
+    "eos_inside": workplace_row("MARK_EOS_INSIDE"),  # an EOS inside a generation: the next turn is refused
+    "good_workplace": workplace_row("MARK_TOOL"),  # a tool call, its result, a closing message
+    "over_prompt_length": math_row("What is 2+2? " + "word " * 6500),  # fits the context (8192), not P
+    "over_context": math_row("What is 2+2? " + "word " * 9000),  # beyond the model's 8192 positions
+    "good_math_2": math_row("What is 3+1?"),
+    "unknown_agent": {**math_row("What is 1+3?"), "agent_ref": {"name": "no_such_agent"}},
 }
 INDEX = {name: i for i, name in enumerate(ROWS)}
 MIXED = [name for name in ROWS if name != "unknown_agent"]
@@ -419,49 +423,65 @@ def scripted_policy(model_dir: Path) -> ScriptedPolicy:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("reliability")
-    model_dir = tiny_qwen3_dir()
-    data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
-    plugin_yaml = tmp / "plugin.yaml"
-    plugin_yaml.write_text(
-        f"""
+def stacks(tmp_path_factory):
+    """The module's stacks, one live at a time: the test that kills the policy server gets one of its own."""
+
+    @contextlib.contextmanager
+    def start():
+        tmp = tmp_path_factory.mktemp("reliability")
+        model_dir = tiny_qwen3_dir()
+        data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
+        plugin_yaml = tmp / "plugin.yaml"
+        plugin_yaml.write_text(
+            f"""
 nemo_gym:
   config_paths:
     - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
     - resources_servers/math_with_judge/configs/math_with_judge.yaml
     - resources_servers/workplace_assistant/configs/workplace_assistant.yaml
-  head_server: {{port: {_free_port()}}}
+  head_server: {{port: {free_port()}}}
   log_dir: {tmp}/logs
 timeouts: {{startup_s: 600, batch_s: 300, health_check_interval_s: 1}}
 failures: {{max_fraction: 0.05}}
 """
-    )
-    overrides = harness.cpu_trainer_overrides(
-        model_dir,
-        plugin_yaml,
-        prompt_length=PROMPT_LENGTH,
-        response_length=RESPONSE_LENGTH,
-        n=1,
-        batch_size=len(MIXED),
-    )
-    config = harness.compose_verl_config(overrides)
-    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
-    # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    server = CPUPolicyServer(model_dir, script=scripted_policy(model_dir), env=env).start()
+        )
+        overrides = harness.cpu_trainer_overrides(
+            model_dir,
+            plugin_yaml,
+            prompt_length=PROMPT_LENGTH,
+            response_length=RESPONSE_LENGTH,
+            n=1,
+            batch_size=len(MIXED),
+        )
+        config = harness.compose_verl_config(overrides)
+        dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+        # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        server = CPUPolicyServer(model_dir, script=scripted_policy(model_dir), env=env).start()
+        try:
+            with harness.manager_on_cpu_server(config, server) as manager:
+                yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
+        finally:
+            server.stop()
+
+    holder = SharedStack(start)
     try:
-        with harness.manager_on_cpu_server(config, server) as manager:
-            yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
+        yield holder
     finally:
-        server.stop()
+        holder.stop()
+
+
+@pytest.fixture
+def stack(stacks):
+    """The shared stack: no test kills anything in it."""
+    return stacks.shared()
+
+
+@pytest.fixture
+def own_stack(stacks):
+    """A stack for this test alone (it kills the policy server)."""
+    return stacks.own()
 
 
 def _batch(stack, names):
@@ -469,18 +489,21 @@ def _batch(stack, names):
     return batch
 
 
-@pytest.fixture(scope="module")
-def below_budget(stack):
-    """The mixed batch with a budget it stays under: 5 of 8 rows fail, 6 may."""
-    manager = stack["manager"]
-    manager.budget = FailureBudget(0.75)
-    try:
-        output = manager.generate_sequences(_batch(stack, MIXED))
-    finally:
-        manager.budget = FailureBudget(manager.plugin_config.failures.max_fraction)
-    return output, list(manager.last_results), manager.last_stats
+@pytest.fixture
+def below_budget(stacks, stack):
+    """The mixed batch with a budget it stays under: 5 of 8 rows fail, 6 may (run once per started stack)."""
+    if "below_budget" not in stacks.cache:
+        manager = stack["manager"]
+        manager.budget = FailureBudget(0.75)
+        try:
+            output = manager.generate_sequences(_batch(stack, MIXED))
+        finally:
+            manager.budget = FailureBudget(manager.plugin_config.failures.max_fraction)
+        stacks.cache["below_budget"] = output, list(manager.last_results), manager.last_stats
+    return stacks.cache["below_budget"]
 
 
+@pytest.mark.integration
 def test_failed_rows_are_masked_with_reward_zero_and_the_rest_train(below_budget):
     output, _, stats = below_budget
     assert len(output) == len(MIXED)
@@ -497,6 +520,7 @@ def test_failed_rows_are_masked_with_reward_zero_and_the_rest_train(below_budget
     assert [scores[INDEX[n]].sum().item() for n in ("good_math", "good_math_2")] == [1.0, 1.0]
 
 
+@pytest.mark.integration
 def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
     output, _, _ = below_budget
     timing = output.meta_info["timing"]
@@ -515,6 +539,7 @@ def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
     assert timing[f"nemo_gym/{MATH}/failed/prompt_too_long"] == 2
 
 
+@pytest.mark.integration
 def test_each_failure_says_what_the_stack_did(below_budget):
     _, results, _ = below_budget
     by_name = dict(zip(MIXED, results, strict=True))
@@ -531,6 +556,7 @@ def test_each_failure_says_what_the_stack_did(below_budget):
     assert isinstance(by_name["over_prompt_length"], dict) and isinstance(by_name["huge_logprob"], dict)
 
 
+@pytest.mark.integration
 def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, below_budget):
     manager = stack["manager"]
     manager.budget = FailureBudget(0.5)
@@ -552,6 +578,7 @@ def _chat_requests(server: CPUPolicyServer) -> int:
     return server.log_path.read_text(errors="replace").count("POST /v1/chat/completions")
 
 
+@pytest.mark.integration
 def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(stack, below_budget):
     manager, server = stack["manager"], stack["server"]
     sent_before = _chat_requests(server)
@@ -569,6 +596,7 @@ def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_ru
     assert _chat_requests(server) == sent_before + 2
 
 
+@pytest.mark.integration
 def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(stack):
     """verl's own `_validate` over three rows, one of which fails: one failure of three is within the default 5%
     budget (rounded up to one episode), the five padded rows send nothing, and the failure reaches val-aux."""
@@ -593,10 +621,12 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
     assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
 
 
-def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(stack):
-    """Last: kills the policy server. Requests wait on a live, paused server; then it dies under them."""
+@pytest.mark.integration
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_stack):
+    """Kills the policy server (of a stack of its own). Requests wait on a live, paused server; then it dies."""
     import urllib.request
 
+    stack = own_stack
     manager, server = stack["manager"], stack["server"]
     url = server.base_url
     request = urllib.request.Request(f"{server.root_url}/pause?mode=keep", method="POST")
@@ -629,4 +659,4 @@ def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(
     assert isinstance(error, RolloutAborted), outcome
     assert f"policy server(s) ['{url}'] unreachable with 2 of 2 episodes pending" in str(error)
     assert "Connection refused" in str(error)
-    assert to_error < 20.0
+    assert to_error < 100.0  # well within the batch deadline of 300 s (loose: a loaded 2-core machine)

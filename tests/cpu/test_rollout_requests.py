@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """verl's sampling settings reach NeMo Gym's request exactly (greedy where verl marks rows not to sample), nothing
 else in the row changes, and a validation batch's padding is recognised."""
 

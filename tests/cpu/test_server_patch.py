@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The splice patch on vLLM 0.24's real chat render and `/tokenize`, with the genuine Qwen3 chat template.
 
 vLLM's `OpenAIServingRender` and `ServingTokenization` are built from the tiny Qwen3 model directory on a CPU
@@ -486,6 +487,7 @@ def _model_dir_with(tmp_path, tokenizer_config_update):
     return target
 
 
+@pytest.mark.integration  # builds a vLLM server renderer of its own (server start-up, 5-8 s)
 def test_tokenizer_whose_eos_is_not_the_template_terminator_splices_on_the_template_terminator(serving, tmp_path):
     """A base model's config (EOS `<|endoftext|>`) with the instruct chat template: the turns end with
     `<|im_end|>`, which the probe render finds; counting `<|endoftext|>` refused every request."""
@@ -508,6 +510,7 @@ GLM_LIKE_TEMPLATE = (
 )
 
 
+@pytest.mark.integration  # builds a vLLM server renderer of its own (server start-up, 5-8 s)
 def test_template_without_turn_terminator_fails_when_the_server_builds_its_renderer(serving):
     """No special token after an assistant message (GLM 4.x: the next role tag follows the content): refused at
     start-up, naming the template and the override, instead of per request as an edited history."""
@@ -519,6 +522,7 @@ def test_template_without_turn_terminator_fails_when_the_server_builds_its_rende
         build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
 
 
+@pytest.mark.integration  # builds a vLLM server renderer of its own (server start-up, 5-8 s)
 def test_template_without_turn_terminator_starts_when_the_override_names_one(serving, monkeypatch):
     monkeypatch.setenv(EOS_OVERRIDE_ENV, str(EOS))
     render, _ = build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
@@ -685,6 +689,7 @@ finally:
 """
 
 
+@pytest.mark.integration
 def test_verl_override_activates_the_patch_in_a_ray_server_actor_through_verl_run_ppo(tmp_path):
     """verl's run_ppo with the documented override: the env var reaches an actor started with its own
     runtime_env, verl's import loads the plugin without importing vLLM, and vLLM's app import installs it."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The submit scripts under a real Slurm: a private one-node cluster (tests/cpu/slurm_cluster.py) on this machine.
 
 Slurm (Debian's slurm-wlm) and munge must be installed and the tests must run as root: ./run_tests.sh installs
@@ -35,6 +36,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent

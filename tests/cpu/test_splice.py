@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pure splice: exact outputs for each rule, and the refusals with their counts (EOS is 9 throughout)."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Slurm submit scripts: their DRY_RUN argument lists compose into verl 0.9.1's own trainer config.
 
 Each script runs in DRY_RUN mode with a config.env written here; the printed `python -m verl.trainer.main_ppo`
@@ -23,8 +24,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from recipe.nemo_gym_testing.helpers import VENV_BIN, dry_run_overrides, run_script, write_config
+
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 SCRIPTS = {"math": REPO / "submit_math.sh", "multienv": REPO / "submit_multienv.sh"}
 SHELL_FILES = [
     REPO / "submit_math.sh",
@@ -42,46 +44,6 @@ PLUGIN_MODULE = "recipe.nemo_gym.vllm_plugin"
 def _verl_config_dir() -> str:
     spec = importlib.util.find_spec("verl")
     return str(Path(spec.submodule_search_locations[0]) / "trainer" / "config")
-
-
-def write_config(tmp_path: Path, **values: str) -> Path:
-    """A config.env with every data file it names created (empty) under tmp_path."""
-    data = tmp_path / "data dir"
-    data.mkdir(exist_ok=True)
-    for name in ("math_train.jsonl", "math_val.jsonl", "blend_a.jsonl", "blend_b.jsonl", "blend_val.jsonl"):
-        (data / name).touch()
-    settings = {
-        "MODEL_PATH": str(tmp_path / "models" / "Qwen3 4B"),
-        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-        "MATH_TRAIN_FILES": str(data / "math_train.jsonl"),
-        "MATH_VAL_FILES": str(data / "math_val.jsonl"),
-        "MULTIENV_TRAIN_FILES": f"{data / 'blend_a.jsonl'},{data / 'blend_b.jsonl'}",
-        "MULTIENV_VAL_FILES": str(data / "blend_val.jsonl"),
-        "VENV": str(VENV_BIN.parent),
-        "NNODES": "2",
-        "GPUS_PER_NODE": "8",
-        "WANDB_API_KEY": "secret-key-never-printed",
-        **values,
-    }
-    path = tmp_path / "config.env"
-    path.write_text("".join(f'{key}="{value}"\n' for key, value in settings.items()))
-    return path
-
-
-def run_script(script: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NG_PIN_"))}
-    full_env.update({"CONFIG_ENV": str(config), "DRY_RUN": "1", **env})
-    return subprocess.run(
-        ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
-    )
-
-
-def dry_run_overrides(script: Path, config: Path, *args: str, **env: str) -> list[str]:
-    result = run_script(script, config, *args, **env)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[:3] == [str(VENV_BIN.parent / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
-    return lines[3:]
 
 
 def compose_verl(overrides: list[str]):

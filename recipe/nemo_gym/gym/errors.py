@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The errors NeMo Gym's servers raise under the plugin.
 
 Contract: every error is a `GymRuntimeError`. `GymConfigError` means nothing was started; `GymServerDied` and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Liveness of NeMo Gym's servers (by process, HTTP on request) and of the policy servers (by HTTP).
 
 Contract:

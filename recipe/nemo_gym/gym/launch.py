@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`GymRuntime`: one NeMo Gym 0.4.0 configuration started offline, supervised, and stopped with nothing left.
 
 Contract:

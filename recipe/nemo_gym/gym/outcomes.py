@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The failure cause of a row whose `/run` did not give a trainable result: decided here and nowhere else.
 
 Contract (all pure):

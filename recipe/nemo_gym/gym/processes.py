@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The processes a runtime started, how they are stopped, and the process-wide hooks that stop them at exit.
 
 Contract:

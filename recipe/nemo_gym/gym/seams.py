@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every place the plugin touches NeMo Gym's internals or mirrors one of its rules; each names the version read.
 
 Contract:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What to start: `GymServersSpec`, and what a parsed NeMo Gym configuration holds: `ServerInstance`.
 
 Contract:

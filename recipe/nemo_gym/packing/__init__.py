@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pure packing: NeMo Gym results become verl 0.9.1 rollout tensors, in two steps with one module each.
 
 - `episode`: one NeMo Gym result dict -> `Episode` (token segments, contiguity checked) or `EpisodeDataError`.

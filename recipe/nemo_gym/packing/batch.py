@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`Episode`s and failures -> verl 0.9.1's rollout tensors: `BatchPacker` fills a batch one row at a time.
 
 `BatchPacker(batch_size, ...)` preallocates the batch's tensors and `add(row, outcome)` writes one `Episode` or

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NeMo Gym result -> `Episode`: one finished episode's token segments, checked token by token.
 
 `episode_from_result(result, max_prompt_length=...)` reads one NeMo Gym result dict (what

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`PackStats`: per-row statistics of one packed batch, and the batch-level scalars logged from them.
 
 Filled by `batch.BatchPacker` beside the `DataProto` (not as non-tensors, so nothing extra travels to every

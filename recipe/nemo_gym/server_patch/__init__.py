@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The token-exact splice inside vLLM's chat preprocessing, so `/v1/chat/completions` and `/tokenize` agree.
 
 Contract:

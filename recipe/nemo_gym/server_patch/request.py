@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One chat request through the patched `preprocess_chat`: render, splice, refuse.
 
 - A request whose messages carry no token IDs is passed to vLLM's method untouched: its output is exactly

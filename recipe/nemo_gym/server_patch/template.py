@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The served chat template's turn terminator and generation prompt, read by rendering a probe conversation.
 
 - EOS, for the splice, is the chat template's turn terminator, found when vLLM builds the render object

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Token-exact multi-turn prompts: splice the model's own token IDs into a re-rendered chat history.
 
 Each turn an agent sends the whole chat history as messages, and the server re-renders it with the chat

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The messages that carry token IDs, checked, and the true prefix they give; `SpliceError`, every refusal.
 
 A carrier is a message with `prompt_token_ids` / `generation_token_ids` (NeMo Gym's training model server puts

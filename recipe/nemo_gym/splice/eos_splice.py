@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rules 1 to 3: splice the true prefix into the full render by counting EOS tokens; `check_and_splice` adds rule 4.
 
 The prompt fed to the engine is

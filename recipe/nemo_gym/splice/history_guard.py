@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rule 4 (unedited history): the template text of the true prefix must reappear in the full render.
 
 `check_unedited_history` checks that every token of the true prefix that the model did not generate was

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a chat template writes, read from renders of a fixed probe conversation.
 
 The server renders the probe conversation (`PROBE_USER`, `PROBE_ASSISTANT`) four ways (`ProbeRenders`) with

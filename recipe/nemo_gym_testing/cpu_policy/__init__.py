@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A CPU stand-in for verl's vLLM rollout server, used by the tests and the CPU demo job.
 
 Only vLLM's GPU engine is replaced: the OpenAI-compatible HTTP app, the chat renderer, the tool parser and

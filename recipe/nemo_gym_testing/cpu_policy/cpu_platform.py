@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Make vLLM's current platform the CPU platform; the first vLLM-related call of a CPU policy server process.
 
 vLLM resolves `vllm.platforms.current_platform` lazily from installed plugins. The CUDA wheel on a machine

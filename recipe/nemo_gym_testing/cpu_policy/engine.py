@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A vLLM 0.24 `EngineClient` that runs on CPU: the one part of vLLM's OpenAI server this package replaces.
 
 Everything around the engine stays vLLM's: the caller builds vLLM's FastAPI app and serving classes on top of

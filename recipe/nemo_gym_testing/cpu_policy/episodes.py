@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A scripted policy that plays NeMo Gym's shipped example rows (math and workplace assistant) for real.
 
 For the CPU end-to-end test and `demo --policy scripted`: every turn is decided in advance, so tests can

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drive the real manager on CPU exactly as verl's trainer does, with the CPU policy server in vLLM's place.
 
 Used by the CPU end-to-end tests and by the main job (`python -m recipe.nemo_gym_testing.demo`). Everything here is

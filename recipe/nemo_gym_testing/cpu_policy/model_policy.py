@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Token-by-token generation with a causal LM on CPU (transformers + torch; no vLLM, no HTTP).
 
 `CausalLMSampler.generate(prompt_ids, spec)` returns the generated tokens, each with the log-prob vLLM would

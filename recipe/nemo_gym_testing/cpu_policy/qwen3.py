@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Qwen3 special-token IDs and a sample tool, shared by the CPU tests and benchmarks (tiny model's vocabulary)."""
 
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643  # IM_END is the EOS and the chat template's turn terminator

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scripted completions for the CPU policy server: typed rules, pure functions, no vLLM, torch or HTTP.
 
 A `ScriptedPolicy` is a list of `ScriptRule`s. For each request the engine decodes the prompt (special tokens

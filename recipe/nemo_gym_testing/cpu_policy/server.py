@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU policy server process, and `CPUPolicyServer`, the parent-side handle that starts and stops it.
 
 Process: `python -m recipe.nemo_gym_testing.cpu_policy.server --model-dir DIR [--port N] [--script FILE.json]

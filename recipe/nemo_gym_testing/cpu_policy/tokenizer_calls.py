@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Count a tokenizer's chat template renders and tokenizations, for the splice tests and benchmark.
 
 vLLM 0.24 renders every chat template through the tokenizer's `apply_chat_template` and tokenizes through its

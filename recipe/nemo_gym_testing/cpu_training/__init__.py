@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A CPU training backend for verl 0.9.1's `main_ppo`: test support, never part of a deployment.
 
 verl's trainer (`trainer.use_v1=false`) runs here unmodified, with vLLM's GPU engine as the one part replaced:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m recipe.nemo_gym_testing.cpu_training overrides|env`: print the CPU backend's settings for shells.
 
 `overrides` prints one Hydra override per line (append them to `main_ppo`'s arguments; the caller starts Ray

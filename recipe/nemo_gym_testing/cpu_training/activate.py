@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Activation module of the CPU training backend: name it in `VERL_USE_EXTERNAL_MODULES` (test support only).
 
 verl 0.9.1 imports the modules listed there at the end of `verl/__init__.py`, in every process that imports

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The main job on CPU: verl's unmodified `python -m verl.trainer.main_ppo` with this plugin, as a subprocess.
 
 `run_job(spec)` composes the command a user runs on a GPU cluster (`plugin_overrides`: GRPO, the plugin's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What selects the CPU training backend: Hydra overrides for `main_ppo` and the processes' environment.
 
 `cpu_overrides()` is appended to a user's normal `main_ppo` command line; `cpu_env()` is exported before verl

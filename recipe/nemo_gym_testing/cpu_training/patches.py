@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one change verl 0.9.1 needs to train on CPU, isolated here (applied by `activate`).
 
 verl builds its process-group backend as `f"cpu:gloo,{device}:{backend}"` (`verl/utils/distributed.py`,

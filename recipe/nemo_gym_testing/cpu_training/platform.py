@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`PlatformCPU`: verl's platform interface for a host with no accelerator (registered by `activate`).
 
 verl 0.9.1 resolves its device through `verl.plugin.platform.get_platform()`; `VERL_PLATFORM=cpu` selects this

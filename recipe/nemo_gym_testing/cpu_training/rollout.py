@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `cpu_vllm` rollout: verl's replica / server / in-worker adapter contract, served by the CPU policy server.
 
 verl 0.9.1 (`trainer.use_v1=false`, hybrid engine) drives a rollout through three objects; each is here:

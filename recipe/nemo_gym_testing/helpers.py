@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plain helpers shared by the test modules under tests/cpu (their pytest fixtures are in tests/cpu/conftest.py).
+
+- `free_port`: a TCP port free on 127.0.0.1 now.
+- `nemo_gym_processes`, `alive`: process-list scans for what a test may have left running (found by psutil, not
+  by the word of the code under test).
+- `ChatCompletionStub`: vLLM's OpenAI chat server as NeMo Gym's training model server calls it, in a thread;
+  a subclass says what `/chat/completions` answers (`chat_completion` builds the body).
+- `SharedStack`: a started stack (or server) that a module's tests share, and a fresh one for a test that damages
+  it, so the tests pass in any order.
+- `math_row`, `workplace_row`: NeMo Gym rows for the wheel's `math_with_judge` and `workplace_assistant`.
+- `write_config`, `run_script`, `dry_run_overrides`: the submit scripts in DRY_RUN mode with a config.env.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MATH_AGENT = "math_with_judge_simple_agent"
+WORKPLACE_AGENT = "workplace_assistant_simple_agent"
+VENV_BIN = Path(sys.executable).parent
+
+# ------------------------------------------------------------------------------------------ ports, processes
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's choice; nothing holds it afterwards)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nemo_gym_processes(head_port: int, *, with_config_path: bool = False) -> list[psutil.Process]:
+    """Every live (not zombie) process on this machine whose environment holds the NeMo Gym configuration with
+    this head port: NeMo Gym puts its whole config, head server included, in each server's NEMO_GYM_CONFIG_DICT.
+    With `with_config_path`, only those that also have NEMO_GYM_CONFIG_PATH set."""
+    marker = f"port: {head_port}"
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if with_config_path and "NEMO_GYM_CONFIG_PATH" not in env:
+            continue
+        if marker in env.get("NEMO_GYM_CONFIG_DICT", ""):
+            found.append(proc)
+    return found
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """The pids of `pids` that are live processes (zombies count as gone)."""
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+# ------------------------------------------------------------------------------------- chat completion stub
+
+
+def chat_completion(body: dict, content: str, token_ids: Iterable[int]) -> dict:
+    """A vLLM chat completion answering `body` with `content`, its tokens given as `token_id:<n>` log-prob entries
+    (as NeMo Gym asks with `return_tokens_as_token_ids`)."""
+    logprobs = [{"token": f"token_id:{i}", "logprob": -0.5, "bytes": None, "top_logprobs": []} for i in token_ids]
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "stub"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": []},
+                "finish_reason": "stop",
+                "logprobs": {"content": logprobs},
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+class ChatCompletionStub:
+    """vLLM's OpenAI chat server as NeMo Gym's training model server calls it, on 127.0.0.1 in a thread.
+
+    `/tokenize` answers a fixed three-token prompt; `/chat/completions` answers what `respond(body)` returns as
+    `(HTTP status, JSON payload)`. `release` is set by `close()`, for a `respond` that holds a request.
+    """
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/tokenize"):
+                    return self._send(200, {"tokens": [1, 2, 3], "count": 3, "max_model_len": 4096})
+                self._send(*stub.respond(body))
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the caller may have given up on a held request
+                    self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def respond(self, body: dict) -> tuple[int, dict]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ------------------------------------------------------------------------------------------ shared stacks
+
+
+class SharedStack[T]:
+    """A module's started stack (or server), one live at a time, started on first use by `start()`, a context
+    manager yielding it.
+
+    Tests that only use it share one (`shared()`). A test that damages it (kills a server, shuts it down) takes
+    one that no test uses after it (`own()`): the live one if no test has damaged it, else a new one. So the
+    tests pass in any order, and in file order (damaging tests last) nothing starts twice. `cache` holds what
+    tests derive from the live one (cleared on each start). `stop()` ends the live one (the module fixture's
+    teardown).
+    """
+
+    def __init__(self, start: Callable[[], AbstractContextManager[T]]) -> None:
+        self._start = start
+        self._exit: ExitStack | None = None
+        self.current: T | None = None
+        self.spent = False
+        self.cache: dict[str, Any] = {}
+
+    def shared(self) -> T:
+        if self._exit is None or self.spent:
+            self._restart()
+        return self.current
+
+    def own(self) -> T:
+        current = self.shared()
+        self.spent = True
+        return current
+
+    def stop(self) -> None:
+        exit_stack, self._exit, self.current, self.spent = self._exit, None, None, False
+        self.cache.clear()
+        if exit_stack is not None:
+            exit_stack.close()
+
+    def _restart(self) -> None:
+        self.stop()
+        with ExitStack() as exit_stack:
+            self.current = exit_stack.enter_context(self._start())
+            self._exit = exit_stack.pop_all()
+
+
+# ------------------------------------------------------------------------------------------------- rows
+
+
+def math_row(question: str, expected: str = "4", *, content: str | None = None) -> dict[str, Any]:
+    """A `math_with_judge` row asking `question` (the user message is `content` when given), `agent_ref` as
+    NeMo Gym's data preparation writes it."""
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": question if content is None else content}]},
+        "question": question,
+        "expected_answer": expected,
+        "agent_ref": {"type": "responses_api_agents", "name": MATH_AGENT},
+    }
+
+
+def workplace_row(marker: str = "") -> dict[str, Any]:
+    """NeMo Gym's first `workplace_assistant` example row, `marker` appended to its last message."""
+    from recipe.nemo_gym_testing.cpu_policy import harness
+
+    row = harness.example_rows([WORKPLACE_AGENT])[0]
+    if marker:
+        row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
+    return row
+
+
+# ------------------------------------------------------------------------------ submit scripts, DRY_RUN
+
+
+def write_config(tmp_path: Path, **values: str) -> Path:
+    """A config.env for the submit scripts with every data file it names created (empty) under tmp_path."""
+    data = tmp_path / "data dir"
+    data.mkdir(exist_ok=True)
+    for name in ("math_train.jsonl", "math_val.jsonl", "blend_a.jsonl", "blend_b.jsonl", "blend_val.jsonl"):
+        (data / name).touch()
+    settings = {
+        "MODEL_PATH": str(tmp_path / "models" / "Qwen3 4B"),
+        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "MATH_TRAIN_FILES": str(data / "math_train.jsonl"),
+        "MATH_VAL_FILES": str(data / "math_val.jsonl"),
+        "MULTIENV_TRAIN_FILES": f"{data / 'blend_a.jsonl'},{data / 'blend_b.jsonl'}",
+        "MULTIENV_VAL_FILES": str(data / "blend_val.jsonl"),
+        "VENV": str(VENV_BIN.parent),
+        "NNODES": "2",
+        "GPUS_PER_NODE": "8",
+        "WANDB_API_KEY": "secret-key-never-printed",
+        **values,
+    }
+    path = tmp_path / "config.env"
+    path.write_text("".join(f'{key}="{value}"\n' for key, value in settings.items()))
+    return path
+
+
+def run_script(script: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`bash script args...` in DRY_RUN mode with CONFIG_ENV=config, outside any Slurm job and pin override."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NG_PIN_"))}
+    full_env.update({"CONFIG_ENV": str(config), "DRY_RUN": "1", **env})
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
+    )
+
+
+def dry_run_overrides(script: Path, config: Path, *args: str, **env: str) -> list[str]:
+    """The overrides a submit script's DRY_RUN prints after `<venv python> -m verl.trainer.main_ppo`."""
+    result = run_script(script, config, *args, **env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [str(VENV_BIN.parent / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
+    return lines[3:]
