@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The stack's versions are stated once, in uv.lock: every other file that names one agrees with it.
+
+`scripts_common.sh` reads the lock itself (tested in test_submit_scripts.py); these are the files that must
+state a version in their own format: verl's `REQUIRED_VERL.txt`, the CPU backend's version guard, and the
+example environment's `requirements.txt` (NeMo Gym reads it).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def locked() -> dict[str, str]:
+    with open(REPO / "uv.lock", "rb") as f:
+        return {p["name"]: p["version"] for p in tomllib.load(f)["package"] if "version" in p}
+
+
+def test_required_verl_file_names_the_locked_versions():
+    fields = dict(line.split("=", 1) for line in (REPO / "REQUIRED_VERL.txt").read_text().splitlines() if "=" in line)
+    lock = locked()
+    assert fields["VERL_BASE_VERSION"] == lock["verl"]
+    assert fields["VERL_BASE_BRANCH"] == f"release/v{lock['verl']}"
+    stack = dict(item.split("==") for item in fields["STACK"].split())
+    assert stack == {name: lock[name] for name in stack}
+
+
+def test_cpu_backend_guards_the_locked_verl():
+    assert SUPPORTED_VERL == locked()["verl"]
+
+
+def test_example_environment_requires_the_locked_nemo_gym():
+    requirements = (REPO / "resources_servers" / "uppercase_share" / "requirements.txt").read_text().split()
+    assert requirements == [f"nemo-gym=={locked()['nemo-gym']}"]
+
+
+def test_pyproject_pins_are_the_locked_versions():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = dict(dep.split("==") for dep in project["dependencies"] if "==" in dep)
+    lock = locked()
+    assert pins and pins == {name: lock[name] for name in pins}
