@@ -45,12 +45,15 @@ from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
-from recipe.nemo_gym.dataset import ROW_KEY
+from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
+from recipe.nemo_gym.metrics import (
+    PREFIX as METRICS_PREFIX,
+)
 from recipe.nemo_gym.metrics import (
     VALIDATION_FAILED_KEY,
     describe_failures,
@@ -207,9 +210,9 @@ class NeMoGymAgentLoopManager:
         t_packed = time.perf_counter()
         self.last_stats = packed.stats
         timing = {
-            "nemo_gym/rollout_wait": t_collected - t_start,
-            "nemo_gym/packing": t_packed - t_collected,
-            "nemo_gym/packing_share": (t_packed - t_collected) / max(t_packed - t_start, 1e-9),
+            f"{METRICS_PREFIX}rollout_wait": t_collected - t_start,
+            f"{METRICS_PREFIX}packing": t_packed - t_collected,
+            f"{METRICS_PREFIX}packing_share": (t_packed - t_collected) / max(t_packed - t_start, 1e-9),
         }
         timing.update(environment_metrics(packed.stats))
         output = packed.data
@@ -252,10 +255,7 @@ class NeMoGymAgentLoopManager:
 
     def _prompt_ids(self, row) -> list[int] | None:
         """The row's prompt as the chat template renders it: what a failed row carries (masked) in the batch."""
-        params = row["responses_create_params"]
-        messages = params["input"]
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
+        messages = prompt_messages(row)
         try:
             return list(
                 self.tokenizer.apply_chat_template(

@@ -78,6 +78,12 @@ def validate_row(row: Any) -> str:
     return name
 
 
+def prompt_messages(row: Mapping[str, Any]) -> list[Any]:
+    """The row's prompt as chat messages: `responses_create_params.input`, a bare string being one user message."""
+    prompt = row["responses_create_params"]["input"]
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
 def _as_paths(data_files: Any) -> list[str]:
     if isinstance(data_files, str | os.PathLike):
         data_files = [data_files]
@@ -190,8 +196,7 @@ class NeMoGymJSONLDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.read_row(index)
-        prompt = row["responses_create_params"]["input"]
-        raw_prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        raw_prompt = prompt_messages(row)
         row_id = self._row_of(index)
         return {
             "dummy_tensor": torch.tensor([0], dtype=torch.uint8),

@@ -26,6 +26,7 @@ from collections import Counter
 
 import numpy as np
 
+from recipe.nemo_gym.failures import FailureCause
 from recipe.nemo_gym.packing.stats import PackStats
 
 PREFIX = "nemo_gym/"
@@ -56,8 +57,27 @@ def environment_metrics(stats: PackStats) -> dict[str, float]:
     return out
 
 
+def batch_metrics(stats: PackStats, prefix: str = PREFIX) -> dict[str, float]:
+    """Batch-level scalars: counts, and means over episodes that were packed (not failed)."""
+    ok = ~stats.failed
+    n_ok = int(ok.sum())
+    out = {
+        f"{prefix}episodes": float(len(stats.failure_cause)),
+        f"{prefix}failed": float(len(stats.failure_cause) - n_ok),
+        f"{prefix}truncated": float(stats.truncated.sum()),
+        f"{prefix}stopped_on_length": float(stats.stopped_on_length.sum()),
+    }
+    for cause in FailureCause:
+        out[f"{prefix}failed/{cause.value}"] = float((stats.failure_cause == cause.value).sum())
+    for name in ("num_turns", "generated_tokens", "trained_tokens", "env_tokens", "total_tokens", "reward"):
+        values = getattr(stats, name)[ok]
+        out[f"{prefix}{name}/mean"] = float(values.mean()) if n_ok else 0.0
+        out[f"{prefix}{name}/max"] = float(values.max()) if n_ok else 0.0
+    return out
+
+
 def _with_rates(stats: PackStats, prefix: str) -> dict[str, float]:
-    out = stats.metrics(prefix=prefix)
+    out = batch_metrics(stats, prefix)
     episodes = len(stats.failure_cause)
     out[f"{prefix}truncated_rate"] = float(stats.truncated.sum()) / episodes if episodes else 0.0
     return out

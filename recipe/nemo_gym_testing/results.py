@@ -100,7 +100,7 @@ def pack_batch(
     `fallback_prompt_ids[i]` (optional) is the tokenised prompt carried by row i if it failed.
     `data_sources[i]` (optional) is row i's input `data_source`; without it, each row's `agent_ref.name`
     is used, and `data_source` is left out when some row has neither.
-    An `Episode` whose first prompt exceeds `prompt_length` is packed as a PROMPT_TOO_LONG failure.
+    An `Episode` whose first prompt exceeds `prompt_length` is refused (`BatchPacker.add`).
     """
     batch_size = len(outcomes)
     for name, values in (("fallback_prompt_ids", fallback_prompt_ids), ("data_sources", data_sources)):

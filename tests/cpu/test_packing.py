@@ -18,6 +18,7 @@ from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.actor import FSDPActorConfig
 
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCause
+from recipe.nemo_gym.metrics import batch_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import Episode, Segment, SegmentKind, episode_from_result
 from recipe.nemo_gym_testing.results import order_outcomes, pack_batch, synthetic_result
@@ -194,7 +195,7 @@ def test_episode_longer_than_response_length_is_cut_flagged_and_keeps_its_reward
     assert four.data.batch["responses"].tolist() == [[21, 22, 31, 32]]
     assert four.data.batch["response_mask"].tolist() == [[1, 1, 0, 0]]
     assert four.data.batch["rm_scores"].tolist() == [[0, 0.5, 0, 0]]
-    assert four.stats.metrics()["nemo_gym/truncated"] == 1.0
+    assert batch_metrics(four.stats)["nemo_gym/truncated"] == 1.0
     # Exactly fitting is not a cut.
     nine = pack_batch([episode], prompt_length=2, response_length=9, pad_token_id=PAD)
     assert nine.stats.truncated.tolist() == [False]
@@ -236,14 +237,17 @@ def test_failed_episode_carries_its_prompt_and_one_attended_pad_and_trains_on_no
     assert packed.stats.failure_cause.tolist() == ["", "server_error", "contiguity_broken", "prompt_too_long"]
     assert packed.stats.failed.tolist() == [False, True, True, True]
     assert packed.data.non_tensor_batch["__num_turns__"].tolist() == [2, 0, 0, 0]
-    metrics = packed.stats.metrics()
+    metrics = batch_metrics(packed.stats)
     assert (metrics["nemo_gym/failed"], metrics["nemo_gym/failed/server_error"]) == (3.0, 1.0)
     assert metrics["nemo_gym/reward/mean"] == 1.0  # means are over packed episodes only
 
 
 def test_episode_with_prompt_over_the_prompt_length_is_packed_as_a_failure():
-    episode = episode_from_result(synthetic_result([([11, 12, 13], [21], [-0.5])]))
-    packed = pack_batch([episode], prompt_length=2, response_length=2, pad_token_id=PAD)
+    # The manager's route: the cause is decided when the result is read, then the failure is packed masked.
+    with pytest.raises(EpisodeDataError) as raised:
+        episode_from_result(synthetic_result([([11, 12, 13], [21], [-0.5])]), max_prompt_length=2)
+    failure = EpisodeFailure(raised.value.cause, raised.value.detail, row=0)
+    packed = pack_batch([failure], prompt_length=2, response_length=2, pad_token_id=PAD)
     assert packed.stats.failure_cause.tolist() == ["prompt_too_long"]
     assert packed.data.batch["response_mask"].tolist() == [[0, 0]]
     assert packed.data.batch["rm_scores"].tolist() == [[0, 0]]
@@ -607,3 +611,10 @@ def test_packed_batch_unions_with_the_trainers_batch_and_survives_verl_batch_ops
     assert set(merged.batch.keys()) >= {"prompts", "responses", "rm_scores", "dummy_tensor"}
     halves = merged.chunk(2)
     assert DataProto.concat(halves).batch["input_ids"].tolist() == packed.batch["input_ids"].tolist()
+
+
+def test_packer_refuses_an_episode_longer_than_the_prompt_length_instead_of_deciding_its_failure():
+    # PROMPT_TOO_LONG is decided once, where the result is read, so it reaches the manager's failure budget.
+    episode = episode_from_result(synthetic_result([([11, 12], [21], [-0.5])]))
+    with pytest.raises(ValueError, match="row 0: first prompt is 2 tokens, over the prompt length 1"):
+        pack_batch([episode], prompt_length=1, response_length=2, pad_token_id=PAD)

@@ -53,7 +53,7 @@ import torch
 from tensordict import TensorDict
 from verl.protocol import DataProto
 
-from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
+from recipe.nemo_gym.failures import EpisodeFailure
 from recipe.nemo_gym.packing.episode import Episode
 from recipe.nemo_gym.packing.stats import PackStats
 
@@ -157,7 +157,7 @@ class BatchPacker:
 
         `fallback_prompt_ids` is the tokenised prompt the row carries if it failed. `data_source` is the input
         row's own `data_source`; without it the episode's `agent_ref.name` is used. An `Episode` whose first
-        prompt exceeds `prompt_length` is packed as a PROMPT_TOO_LONG failure.
+        prompt exceeds `prompt_length` is refused (`ValueError`): that failure is decided when the result is read.
         """
         if not 0 <= row < self.batch_size:
             raise ValueError(f"row {row} is outside the batch of {self.batch_size}")
@@ -170,13 +170,14 @@ class BatchPacker:
                     f"row {row}: the result comes from agent {outcome.agent_name!r} but the input row's "
                     f"data_source is {data_source!r}; results and rows are mismatched"
                 )
-            self.sources[row] = data_source if data_source is not None else outcome.agent_name
             if outcome.prompt_length > P:
-                outcome = EpisodeFailure(
-                    FailureCause.PROMPT_TOO_LONG,
-                    f"first prompt is {outcome.prompt_length} tokens, over the prompt length {P}",
-                    row=row,
+                # PROMPT_TOO_LONG is decided where the result is read (`episode_from_result(max_prompt_length=)`),
+                # so the failure reaches the manager's failure list and budget; reaching here is a caller's bug.
+                raise ValueError(
+                    f"row {row}: first prompt is {outcome.prompt_length} tokens, over the prompt length {P}; read "
+                    "results with episode_from_result(max_prompt_length=prompt_length)"
                 )
+            self.sources[row] = data_source if data_source is not None else outcome.agent_name
         elif isinstance(outcome, EpisodeFailure):
             self.sources[row] = data_source
         else:

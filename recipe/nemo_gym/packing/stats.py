@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`PackStats`: per-row statistics of one packed batch, and the batch-level scalars logged from them.
+"""`PackStats`: per-row statistics of one packed batch.
 
 Filled by `batch.BatchPacker` beside the `DataProto` (not as non-tensors, so nothing extra travels to every
-worker); `metrics.environment_metrics` splits them per environment. Pure: numpy only.
+worker); `recipe/nemo_gym/metrics.py` names and computes every scalar logged from them. Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from recipe.nemo_gym.failures import FailureCause
 
 
 @dataclass(frozen=True)
@@ -38,21 +36,3 @@ class PackStats:
     @property
     def failed(self) -> np.ndarray:
         return self.failure_cause != ""
-
-    def metrics(self, prefix: str = "nemo_gym/") -> dict[str, float]:
-        """Batch-level scalars: counts, and means over episodes that were packed (not failed)."""
-        ok = ~self.failed
-        n_ok = int(ok.sum())
-        out = {
-            f"{prefix}episodes": float(len(self.failure_cause)),
-            f"{prefix}failed": float(len(self.failure_cause) - n_ok),
-            f"{prefix}truncated": float(self.truncated.sum()),
-            f"{prefix}stopped_on_length": float(self.stopped_on_length.sum()),
-        }
-        for cause in FailureCause:
-            out[f"{prefix}failed/{cause.value}"] = float((self.failure_cause == cause.value).sum())
-        for name in ("num_turns", "generated_tokens", "trained_tokens", "env_tokens", "total_tokens", "reward"):
-            values = getattr(self, name)[ok]
-            out[f"{prefix}{name}/mean"] = float(values.mean()) if n_ok else 0.0
-            out[f"{prefix}{name}/max"] = float(values.max()) if n_ok else 0.0
-        return out
