@@ -8,4 +8,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # Slurm and munge for tests/cpu/test_slurm.py (the submit scripts under a real one-node Slurm cluster):
 # installed with apt-get when missing and running as root; otherwise a message, and those tests say why.
 tests/cpu/install_slurm.sh
-exec .venv/bin/python -m pytest tests/cpu "$@"
+# Two pytest-xdist workers (NG_TEST_WORKERS), each taking whole modules in the order conftest.py gives them:
+# most of a trainer's start-up is single-threaded imports, so two at once use both cores.
+exec .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -23,7 +23,7 @@ find_python312() {
     command -v python3.12 || { echo "setup.sh: no Python 3.12 found (pyenv versions, PATH, or set PYTHON312)" >&2; exit 1; }
 }
 
-stamp_of_lock() { sha256sum uv.lock pyproject.toml | sha256sum | cut -c1-16; }
+stamp_of_lock() { sha256sum uv.lock pyproject.toml setup.sh | sha256sum | cut -c1-16; }
 
 if [[ -x .venv/bin/python && -f .venv/.lock-stamp && "$(cat .venv/.lock-stamp)" == "$(stamp_of_lock)" ]]; then
     exit 0  # environment already matches the lock
@@ -39,6 +39,9 @@ fi
 
 echo "setup.sh: syncing .venv with uv.lock (Python: $PY)" >&2
 start=$(date +%s)
-"$UV" sync --frozen --python "$PY"
+# --compile-bytecode: every .pyc written now, once. Each trainer run starts a dozen Python processes that import
+# torch, vLLM, verl and NeMo Gym; where PYTHONDONTWRITEBYTECODE is set (it is in this project's sandbox), without
+# .pyc files each of them compiles all of that from source again (importing verl's trainer: 18.6 s, 7.7 s with).
+"$UV" sync --frozen --compile-bytecode --python "$PY"
 stamp_of_lock > .venv/.lock-stamp
 echo "setup.sh: environment ready in $(( $(date +%s) - start )) s ($(du -sh .venv | cut -f1) in .venv)" >&2

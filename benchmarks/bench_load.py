@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.ray_address:
         ray.init(address=args.ray_address, log_to_driver=False)
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     manager = None
     try:
         llm_client = harness.verl_llm_client(config, [policy_address])

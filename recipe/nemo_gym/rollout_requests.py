@@ -12,8 +12,9 @@ Contract:
   whose `meta_info["do_sample"]` is false is greedy as a whole; the trainer sets that flag for validation from
   `val_kwargs.do_sample` (read from the config when the flag is absent). In validation `val_kwargs` rule and
   row flags are ignored, as verl ignores them.
-- `max_output_tokens` of every model call is `rollout.response_length`: one call can never produce more than
-  the packed response can hold (longer multi-turn episodes are cut later, and counted).
+- `max_output_tokens` of every model call is at most `rollout.response_length`: one call can never produce more
+  than the packed response can hold (longer multi-turn episodes are cut later, and counted). A row's own smaller
+  limit is the environment's (a short-answer task) and is kept: a length limit changes no token's log-prob.
 - Knobs the Responses API schema lacks (`top_k`) travel in `metadata.extra_body` as a JSON string, which NeMo
   Gym's vllm_model server merges into the chat completion request; keys the row already has there are kept.
 - A validation batch is run without verl's padding (`real_rows`): each real episode runs once, and the caller
@@ -95,7 +96,9 @@ def build_example(row: Mapping[str, Any], sampling: Sampling) -> dict[str, Any]:
     params = example["responses_create_params"]
     params["temperature"] = sampling.temperature
     params["top_p"] = sampling.top_p
-    params["max_output_tokens"] = sampling.max_output_tokens
+    own_limit = params.get("max_output_tokens")
+    if own_limit is None or own_limit > sampling.max_output_tokens:
+        params["max_output_tokens"] = sampling.max_output_tokens
     metadata = params.get("metadata")
     if metadata is None:
         params.pop("metadata", None)

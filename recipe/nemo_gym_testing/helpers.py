@@ -2,8 +2,9 @@
 """Plain helpers shared by the test modules under tests/cpu (their pytest fixtures are in tests/cpu/conftest.py).
 
 - `free_port`: a TCP port free on 127.0.0.1 now.
-- `nemo_gym_processes`, `alive`: process-list scans for what a test may have left running (found by psutil, not
-  by the word of the code under test).
+- `nemo_gym_processes`, `processes_with_env`, `alive`: process-list scans for what a test may have left running
+  (found by psutil, not by the word of the code under test). They look only at processes marked as the test's
+  own (a head port, an environment entry its run passed down), so tests running beside it cannot confuse them.
 - `ChatCompletionStub`: vLLM's OpenAI chat server as NeMo Gym's training model server calls it, in a thread;
   a subclass says what `/chat/completions` answers (`chat_completion` builds the body).
 - `SharedStack`: a started stack (or server) that a module's tests share, and a fresh one for a test that damages
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,24 +46,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def nemo_gym_processes(head_port: int, *, with_config_path: bool = False) -> list[psutil.Process]:
-    """Every live (not zombie) process on this machine whose environment holds the NeMo Gym configuration with
-    this head port: NeMo Gym puts its whole config, head server included, in each server's NEMO_GYM_CONFIG_DICT.
-    With `with_config_path`, only those that also have NEMO_GYM_CONFIG_PATH set."""
-    marker = f"port: {head_port}"
+def _live_processes_whose_env(
+    matches: Callable[[dict[str, str]], bool], exclude: Iterable[int] = ()
+) -> list[psutil.Process]:
+    skip = {os.getpid(), *exclude}
     found = []
     for proc in psutil.process_iter(["pid"]):
+        if proc.pid in skip:
+            continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             env = proc.environ()
         except psutil.Error:
             continue
-        if with_config_path and "NEMO_GYM_CONFIG_PATH" not in env:
-            continue
-        if marker in env.get("NEMO_GYM_CONFIG_DICT", ""):
+        if matches(env):
             found.append(proc)
     return found
+
+
+def nemo_gym_processes(head_port: int, *, with_config_path: bool = False) -> list[psutil.Process]:
+    """Every live (not zombie) process on this machine whose environment holds the NeMo Gym configuration with
+    this head port: NeMo Gym puts its whole config, head server included, in each server's NEMO_GYM_CONFIG_DICT.
+    With `with_config_path`, only those that also have NEMO_GYM_CONFIG_PATH set."""
+    marker = re.compile(rf"\bport: {head_port}\b")
+
+    def matches(env: dict[str, str]) -> bool:
+        if with_config_path and "NEMO_GYM_CONFIG_PATH" not in env:
+            return False
+        return bool(marker.search(env.get("NEMO_GYM_CONFIG_DICT", "")))
+
+    return _live_processes_whose_env(matches)
+
+
+def processes_with_env(key: str, value: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Every live process (this one and `exclude` aside) whose environment has `key=value`: a marker a test put
+    in the environment of what it started, which every descendant inherits (Ray's raylet passes its environment
+    to the workers it spawns, NeMo Gym to its servers, Slurm to a job's steps)."""
+    return _live_processes_whose_env(lambda env: env.get(key) == value, exclude)
 
 
 def alive(pids: Iterable[int]) -> list[int]:

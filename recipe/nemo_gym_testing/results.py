@@ -3,7 +3,6 @@
 
 - `synthetic_result(calls, ...)`: a result dict in the shape `simple_agent` + `vllm_model` return.
 - `pack_batch(outcomes, ...)`: `packing.batch.BatchPacker` filled with row i = outcomes[i], finished.
-- `order_outcomes(pairs, batch_size)`: `(row, outcome)` pairs in completion order, back in row order.
 
 Used by the tests and `benchmarks/bench_packing.py`. The product (`agent_loop`) never builds results and fills
 its `BatchPacker` row by row as results arrive.
@@ -11,14 +10,14 @@ its `BatchPacker` row by row as results arrive.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure
 from recipe.nemo_gym.packing.batch import BatchPacker, PackedBatch
 from recipe.nemo_gym.packing.episode import Episode
 
-__all__ = ["order_outcomes", "pack_batch", "synthetic_result"]
+__all__ = ["pack_batch", "synthetic_result"]
 
 
 def synthetic_result(
@@ -117,23 +116,3 @@ def pack_batch(
             data_source=data_sources[row] if data_sources is not None else None,
         )
     return packer.finish()
-
-
-def order_outcomes[T](indexed: Iterable[tuple[int, T]], batch_size: int) -> list[T]:
-    """Put `(row, outcome)` pairs that arrived in completion order back into row order.
-
-    Raises `ValueError` on a row out of range, a row seen twice, or rows missing: a batch that does not come
-    back whole must not be packed silently shifted.
-    """
-    slots: list[Any] = [None] * batch_size
-    filled = [False] * batch_size
-    for row, outcome in indexed:
-        if not 0 <= row < batch_size:
-            raise ValueError(f"outcome for row {row} is outside the batch of {batch_size}")
-        if filled[row]:
-            raise ValueError(f"two outcomes for row {row}")
-        slots[row], filled[row] = outcome, True
-    missing = [row for row, ok in enumerate(filled) if not ok]
-    if missing:
-        raise ValueError(f"{len(missing)} of {batch_size} rows have no outcome (first: {missing[:10]})")
-    return slots

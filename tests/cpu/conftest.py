@@ -6,6 +6,9 @@ Tiers: a test that starts a server, a subprocess stack, Ray, a trainer or Slurm 
 
 `--shuffle SEED` runs the modules in a random order and, within each module, the tests in a random order (a
 module's tests stay together, so its module-scoped fixtures are built once). The same seed gives the same order.
+Without it, the modules that take minutes (`LONG_MODULES`) come first: `./run_tests.sh` runs the suite on two
+pytest-xdist workers, one module at a time each (`--dist loadfile`, in collection order), and a long module
+started last would leave one worker running it alone at the end.
 Plain helpers (free ports, process scans, stub servers, rows) are in `recipe/nemo_gym_testing/helpers.py`.
 """
 
@@ -14,6 +17,18 @@ from __future__ import annotations
 import random
 
 import pytest
+
+# Slowest first (minutes each on a 2-core machine: trainer runs, Slurm jobs, load tests, stacks of servers).
+LONG_MODULES = (
+    "test_main_ppo.py",
+    "test_slurm.py",
+    "test_load.py",
+    "test_manager_exit.py",
+    "test_end_to_end.py",
+    "test_reliability.py",
+    "test_server_patch.py",
+    "test_example_environment.py",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,28 +46,36 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None if seed is None else f"test order: shuffled with --shuffle {seed}"
 
 
-@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that run are shuffled
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that run are reordered
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    seed = config.getoption("--shuffle")
-    if seed is None:
-        return
-    rng = random.Random(seed)
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     groups = list(modules.values())
-    rng.shuffle(groups)
-    for group in groups:
-        rng.shuffle(group)
+    seed = config.getoption("--shuffle")
+    if seed is None:
+
+        def rank(group: list[pytest.Item]) -> int:
+            name = group[0].path.name
+            return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+
+        groups.sort(key=rank)  # stable: the other modules keep their order
+    else:
+        rng = random.Random(seed)
+        rng.shuffle(groups)
+        for group in groups:
+            rng.shuffle(group)
     items[:] = [item for group in groups for item in group]
 
 
 @pytest.fixture(scope="module")
 def ray_address():
-    """A local Ray for the module (two CPUs, no dashboard, workers' logs not echoed); its GCS address."""
+    """A new local Ray for the module (two CPUs, no dashboard, workers' logs not echoed); its GCS address.
+
+    `address="local"`: never one found on this machine (a `ray start` cluster, another pytest worker's)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from recipe.nemo_gym_testing.helpers import processes_with_env
+
 MARKER = "NG_SLURM_TEST_CLUSTER"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
@@ -314,20 +316,8 @@ class SlurmCluster:
     def processes(self, marker_value: str | None = None, exclude: Iterable[int] = ()) -> list[psutil.Process]:
         """Live processes whose environment carries `marker=value` (default: this cluster's marker)."""
         wanted = f"{MARKER}={self.root}" if marker_value is None else marker_value
-        skip = {os.getpid(), *exclude}
-        found = []
-        for process in psutil.process_iter():
-            if process.pid in skip:
-                continue
-            try:
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                key, _, value = wanted.partition("=")
-                if process.environ().get(key) == value:
-                    found.append(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        key, _, value = wanted.partition("=")
+        return processes_with_env(key, value, exclude)
 
     @staticmethod
     def describe(processes: Iterable[psutil.Process]) -> list[str]:

@@ -476,6 +476,9 @@ if mode == "sigterm":
         os._exit(0)  # no atexit, no unwinding: only the runtime's SIGTERM hook can have stopped the servers
     signal.signal(signal.SIGTERM, previous)
     start_runtime(spec)  # servers start; the test sends SIGTERM while they come up
+elif mode == "sigkill":
+    start_runtime(spec)
+    time.sleep(600)  # the test SIGKILLs this process: no handler, no atexit runs
 else:
     threading.Thread(target=start_runtime, args=(spec,), daemon=True).start()
     while not (tmp / "exit_now").exists():
@@ -503,6 +506,18 @@ def test_sigterm_of_the_trainer_stops_servers_and_chains_the_previous_handler(tm
     child.terminate()
     assert child.wait(60) == 0
     assert (tmp_path / "previous_handler_ran").read_text() == str(int(signal.SIGTERM))
+    assert gym_processes(port) == []
+
+
+@pytest.mark.integration
+def test_sigkill_of_the_trainer_leaves_its_servers_to_the_watchdog(tmp_path: Path, ray_address: str) -> None:
+    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "sigkill")
+    time.sleep(1.0)  # the runtime tells the watchdog of each process it sees (every 0.25 s while starting)
+    child.kill()
+    assert child.wait(60) == -signal.SIGKILL
+    deadline = time.monotonic() + 15  # Ray's GCS stays up here, so NeMo Gym's own 60 s backstop never comes
+    while gym_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert gym_processes(port) == []
 
 

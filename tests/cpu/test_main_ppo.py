@@ -18,6 +18,7 @@ checkpoint folder:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -32,6 +33,7 @@ from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
 from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
+from recipe.nemo_gym_testing.helpers import processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
@@ -39,6 +41,8 @@ WORKPLACE = "workplace_assistant_simple_agent"
 MATH = "math_with_judge_simple_agent"
 UPPERCASE = "uppercase_share_simple_agent"
 SCRIPTED_TOOLS = ("company_directory_find_email_address", "email_reply_email")
+UPPERCASE_ANSWER_TOKENS = 32  # sampled answers; every token of them is trained, so they set the step's cost
+RUN_MARKER = "NG_TEST_MAIN_PPO_RUN"  # in the environment of both runs, so of every process they start
 
 
 def ci_script():
@@ -57,6 +61,8 @@ def ordered_rows() -> list[dict]:
     workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
     math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
     uppercase = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
+    for row in uppercase:
+        row["responses_create_params"]["max_output_tokens"] = UPPERCASE_ANSWER_TOKENS
     # Only the tools the scripted episodes call (the prompt shrinks from ~4,100 to ~500 tokens).
     workplace = [harness.with_tools(r, SCRIPTED_TOOLS) for r in workplace]
     carlos = next(r for r in workplace if "carlos" in json.dumps(r).lower())
@@ -88,22 +94,13 @@ def runs(tmp_path_factory):
         script_file=script,
         extra_overrides=("data.shuffle=false",),
     )
-    before = _ray_and_server_pids()
-    first = run_job(spec, console=print)
-    second = run_job(JobSpec(**{**spec.__dict__, "steps": 3, "resume": True, "val_before_train": False}), console=print)
-    return spec, first, second, before
-
-
-def _ray_and_server_pids() -> set[int]:
-    pattern = re.compile(r"raylet|gcs_server|cpu_policy\.server|verl\.trainer\.main_ppo|nemo_gym|ray::")
-    found = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if pattern.search(" ".join(proc.info["cmdline"] or [])):
-                found.add(proc.pid)
-        except psutil.Error:
-            continue
-    return found
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(RUN_MARKER, str(out))
+        first = run_job(spec, console=print)
+        second = run_job(
+            JobSpec(**{**spec.__dict__, "steps": 3, "resume": True, "val_before_train": False}), console=print
+        )
+    return spec, first, second, str(out)
 
 
 def _training_steps(result) -> list[dict]:
@@ -146,6 +143,8 @@ def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_
         assert data["timing_s/nemo_gym/all/failed"] == 0
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/num_turns/max"] >= 4  # a tool call, its result, a reply
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/env_tokens/max"] > 0
+        # A row's own generation limit (max_output_tokens) reaches the engine.
+        assert data[f"timing_s/nemo_gym/{UPPERCASE}/generated_tokens/max"] <= UPPERCASE_ANSWER_TOKENS
     rewards = [d[f"timing_s/nemo_gym/{WORKPLACE}/reward/max"] for d in _training_steps(first)]
     assert rewards[0] == 1.0  # the scripted reply to Carlos is what the environment's ground truth expects
 
@@ -165,8 +164,12 @@ def test_checkpoint_written_and_resume_loads_it(runs):
 
 
 def test_no_process_of_the_runs_is_left(runs):
-    _, _, _, before = runs
+    _, _, _, marker = runs
     deadline = time.monotonic() + 30.0  # Ray's and NeMo Gym's processes take a moment to be reaped
-    while (left := _ray_and_server_pids() - before) and time.monotonic() < deadline:
+    while (left := processes_with_env(RUN_MARKER, marker)) and time.monotonic() < deadline:
         time.sleep(1.0)
-    assert not left, {pid: " ".join(psutil.Process(pid).cmdline())[:200] for pid in left if psutil.pid_exists(pid)}
+    described = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+    assert not left, described

@@ -21,7 +21,7 @@ from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCa
 from recipe.nemo_gym.metrics import batch_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import Episode, Segment, SegmentKind, episode_from_result
-from recipe.nemo_gym_testing.results import order_outcomes, pack_batch, synthetic_result
+from recipe.nemo_gym_testing.results import pack_batch, synthetic_result
 
 PAD = 0
 
@@ -253,20 +253,6 @@ def test_episode_with_prompt_over_the_prompt_length_is_packed_as_a_failure():
     assert packed.data.batch["rm_scores"].tolist() == [[0, 0]]
 
 
-def test_rows_keep_the_order_of_outcomes_after_completion_order_is_undone():
-    outcomes = {
-        row: episode_from_result(synthetic_result([([100 + row], [200 + row], [-0.5])], reward=float(row)))
-        for row in range(4)
-    }
-    outcomes[2] = EpisodeFailure(FailureCause.SERVER_ERROR, "dead", row=2)
-    completion_order = [(3, outcomes[3]), (0, outcomes[0]), (2, outcomes[2]), (1, outcomes[1])]
-    ordered = order_outcomes(completion_order, 4)
-    packed = pack_batch(ordered, prompt_length=1, response_length=1, pad_token_id=PAD).data
-    assert packed.batch["prompts"].tolist() == [[100], [101], [0], [103]]
-    assert packed.batch["responses"].tolist() == [[200], [201], [0], [203]]
-    assert packed.batch["rm_scores"].tolist() == [[0.0], [1.0], [0.0], [3.0]]
-
-
 def test_batch_packer_prefaulted_and_filled_in_completion_order_equals_pack_batch_in_row_order():
     outcomes = [
         episode_from_result(synthetic_result(MULTI, reward=0.5, agent_name="a")),
@@ -319,19 +305,6 @@ def test_batch_packer_refuses_a_row_twice_a_row_outside_and_a_batch_with_rows_mi
         packer.add(3, episode)
     with pytest.raises(ValueError, match="2 of 3 rows were never packed \\(first: \\[0, 2\\]\\)"):
         packer.finish()
-
-
-@pytest.mark.parametrize(
-    ("pairs", "message"),
-    [
-        ([(0, "a"), (0, "b")], "two outcomes for row 0"),
-        ([(0, "a")], "1 of 2 rows have no outcome"),
-        ([(0, "a"), (2, "b")], "row 2 is outside the batch of 2"),
-    ],
-)
-def test_order_outcomes_refuses_a_batch_that_did_not_come_back_whole(pairs, message):
-    with pytest.raises(ValueError, match=message):
-        order_outcomes(pairs, 2)
 
 
 def test_data_source_comes_from_the_input_rows_or_the_results_agent_names():

@@ -53,6 +53,18 @@ def test_training_sampling_overrides_the_rows_own_and_drops_null_metadata():
     assert ROW["responses_create_params"]["temperature"] == 0.1  # the input row is not mutated
 
 
+@pytest.mark.parametrize(("own", "sent"), [(None, 512), (32, 32), (512, 512), (4096, 512)])
+def test_a_rows_own_token_limit_is_kept_when_the_response_length_allows_it(own, sent):
+    params = {**ROW["responses_create_params"], **({"max_output_tokens": own} if own is not None else {})}
+    sampling = sampling_from_rollout_config(ROLLOUT, validate=False)
+    assert (
+        build_example({**ROW, "responses_create_params": params}, sampling)["responses_create_params"][
+            "max_output_tokens"
+        ]
+        == sent
+    )
+
+
 def test_validation_uses_val_kwargs_and_top_k_travels_in_metadata_extra_body():
     row = {**ROW, "responses_create_params": {**ROW["responses_create_params"], "metadata": {"extra_body": '{"a": 1}'}}}
     sampling = sampling_from_rollout_config(ROLLOUT, validate=True)

@@ -21,6 +21,7 @@ the same turn's end; and unlike unpatched vLLM's prompt.
 """
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -81,6 +82,19 @@ def published_tokenizer(name, into):
         elif os.path.isfile(path) and not entry.endswith(".py"):
             shutil.copy(path, into)
     return str(into)
+
+
+@contextlib.contextmanager
+def patch_installed():
+    """The splice patch installed for the block, then left as it was found: the module's `servers` fixture keeps
+    it installed for the other tests, which must see it whatever order they run in."""
+    was_installed = server_patch.is_installed()
+    server_patch.install()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            server_patch.uninstall()
 
 
 @pytest.fixture(scope="module")
@@ -259,12 +273,9 @@ def test_glm_template_without_turn_terminator_is_refused_at_start_up(tmp_path):
     """GLM-4.7-Flash's published template follows an assistant turn with the next role tag and no end token, so
     the splice cannot count turns: the server refuses to start and names the override."""
     tokenizer = published_tokenizer("glm-4.7-flash", tmp_path)
-    server_patch.install()
-    try:
+    with patch_installed():
         with pytest.raises(TemplateWithoutTerminatorError, match=r"writes no special token .*EOS_TOKEN_ID"):
             build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
-    finally:
-        server_patch.uninstall()
 
 
 @pytest.mark.parametrize("published", ["deepseek-v3", "deepseek-r1"])
@@ -279,9 +290,6 @@ def test_deepseek_v3_published_files_are_refused_at_start_up_because_they_lose_s
     tok = AutoTokenizer.from_pretrained(files)
     text = "Probe answer, as asked."
     assert tok.decode(tok.encode(text, add_special_tokens=False)) != text  # the upstream loss the refusal is for
-    server_patch.install()
-    try:
+    with patch_installed():
         with pytest.raises(TemplateWithoutTerminatorError, match=r"does not contain the assistant's text"):
             build_render_serving(str(tiny_qwen3_dir()), tokenizer=files)
-    finally:
-        server_patch.uninstall()

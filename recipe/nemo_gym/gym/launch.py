@@ -24,6 +24,9 @@ Contract:
   it), without starting a thread and without printing anything. On SIGTERM of this process every process
   started is sent SIGKILL at once (`kill_now`; a Ray actor such as verl's TaskRunner is SIGKILLed ~0.1 s after
   its SIGTERM), then the SIGTERM handler already installed runs (`processes.install_exit_hooks`).
+- If this process ends with no hook run at all (SIGKILL; Ray ending a worker, which also SIGKILLs the worker's
+  children, i.e. the servers' wrapper shells), a `watchdog.Watchdog` process started with the servers SIGKILLs
+  every one of them at once.
 
 NeMo Gym 0.4.0's `RunHelper.start` waits for servers with no deadline and cleans nothing up if it raises, and
 its `shutdown()` only signals the wrapper shells. So `start` runs on a helper thread under our deadline, and
@@ -72,6 +75,7 @@ from recipe.nemo_gym.gym.health import (
 )
 from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTable, died_message, install_exit_hooks
 from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, GymServersSpec, ServerInstance, build_global_config_dict
+from recipe.nemo_gym.gym.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ class GymRuntime:
         self.startup_s: float | None = None
         self._ng: seams.NeMoGymAPI | None = None
         self._table: ProcessTable | None = None
+        self._watchdog: Watchdog | None = None
         self._server_client: Any = None
         self._lock = threading.RLock()
         self._stopped = False
@@ -176,7 +181,8 @@ class GymRuntime:
         seams.link_server_venvs(venv_dir, [s.server_dir for s in self.servers], shim)
 
         run_helper = ng.RunHelper()
-        table = self._table = ProcessTable(seams.RunHelperView(run_helper))
+        self._watchdog = Watchdog.spawn()  # before any server: none may outlive this process unwatched
+        table = self._table = ProcessTable(seams.RunHelperView(run_helper), on_new_process=self._watchdog.register)
         start_error: list[BaseException] = []
 
         def _run_start() -> None:
@@ -300,6 +306,8 @@ class GymRuntime:
             finally:
                 if self._table is not None:
                     self.survivors = self._table.terminate_all(self.spec.shutdown_grace_s)
+                if self._watchdog is not None:
+                    self._watchdog.release(wait_s=5.0)  # after our own stop: it finds nothing left to kill
                 if self.survivors:
                     logger.error("NeMo Gym processes survived SIGKILL: %s", self.survivors)
             if self._ng is not None:
@@ -325,6 +333,10 @@ class GymRuntime:
             if self._table is not None:
                 self._table.kill_all()
         finally:
+            if self._watchdog is not None:
+                # It kills again whatever a cut-short kill_all missed; it exits in milliseconds, so waiting for
+                # it keeps a caller that checks for survivors right after this process exits from seeing it.
+                self._watchdog.release(wait_s=1.0)
             with LIVE_LOCK:
                 LIVE.discard(self)
 

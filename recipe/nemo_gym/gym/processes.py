@@ -3,7 +3,8 @@
 
 Contract:
 - `ProcessTable` remembers every process under each server's wrapper shell (refreshed on every look, so none
-  is lost if its parent dies first), reports the servers whose wrapper exited, and stops them all:
+  is lost if its parent dies first), tells `on_new_process` about each one (the runtime's `Watchdog`), reports
+  the servers whose wrapper exited, and stops them all:
   `terminate_all(grace_s)` sends SIGTERM, then SIGKILL after a bounded grace, and reaps the wrappers;
   `kill_all()` sends SIGKILL at once and waits for nothing.
 - `LIVE` holds every runtime not yet stopped (NeMo Gym keeps one configuration per process, so at most one).
@@ -19,7 +20,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psutil
@@ -43,8 +44,9 @@ def exit_description(code: int) -> str:
 class ProcessTable:
     """Every process one `RunHelper.start` launched, by pid, with the server it belongs to."""
 
-    def __init__(self, view: RunHelperView):
+    def __init__(self, view: RunHelperView, on_new_process: Callable[[int], None] = lambda pid: None):
         self.view = view
+        self.on_new_process = on_new_process
         self._tracked: dict[int, tuple[str, psutil.Process]] = {}
 
     def refresh(self) -> None:
@@ -61,6 +63,7 @@ class ProcessTable:
                 known = self._tracked.get(proc.pid)
                 if known is None or not known[1].is_running():
                     self._tracked[proc.pid] = (name, proc)
+                    self.on_new_process(proc.pid)
 
     def started(self) -> set[str]:
         return set(self.view.processes())

@@ -79,25 +79,11 @@ def sized_overrides(
     ]
 
 
-def cpu_trainer_overrides(
-    model_dir: str | Path,
-    agent_loop_config_path: str | Path,
-    *,
-    prompt_length: int,
-    response_length: int,
-    n: int,
-    batch_size: int,
-) -> list[str]:
-    """`sized_overrides` for a trainer config composed in-process (the tests' manager over a CPU server)."""
+def cpu_trainer_overrides(model_dir: str | Path, agent_loop_config_path: str | Path, **sizes: int) -> list[str]:
+    """`sized_overrides` (same arguments) for a trainer config composed in-process (the tests' manager over a CPU
+    server)."""
     return [
-        *sized_overrides(
-            model_dir,
-            agent_loop_config_path,
-            prompt_length=prompt_length,
-            response_length=response_length,
-            n=n,
-            batch_size=batch_size,
-        ),
+        *sized_overrides(model_dir, agent_loop_config_path, **sizes),
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     ]
@@ -127,7 +113,7 @@ def manager_on_cpu_server(config, server):
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     manager = None
     try:
         manager = NeMoGymAgentLoopManager.create(

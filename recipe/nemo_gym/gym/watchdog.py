@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A process outside the trainer that kills NeMo Gym's servers when the trainer dies without stopping them.
+
+Why: verl's TaskRunner is a Ray actor; when `main_ppo`'s driver exits, Ray sends the actor SIGTERM and SIGKILLs it
+about 0.1 s later (Ray 2.60). When the SIGKILL comes before our SIGTERM hook has run (seen on loaded 2-core
+machines), no code of ours runs in the trainer, and NeMo Gym 0.4.0's servers (children of the trainer, in its
+process group) live on: until their reconnects to Ray's GCS give up after 60 s when the job's Ray went away with
+it, and indefinitely on a Ray cluster that stays up (`ray start` under Slurm). Only a process that outlives the
+trainer can stop them.
+
+Contract:
+- `Watchdog.spawn()` starts `python -I <this file>`, which forks once more and lets its first process exit: the
+  watchdog is no child of the trainer (Ray 2.60 SIGKILLs a worker's children when the worker exits, which would
+  take a child watchdog along and orphan the servers, seen with verl's TaskRunner) and runs in a session of its
+  own (a terminal's Ctrl-C does not reach it). It imports only the standard library and psutil, so it needs
+  neither the recipe on `sys.path` nor a second of start-up. `spawn` returns once the watchdog reported its pid.
+- It holds the read end of a pipe whose write end only the trainer holds. `register(pid)` sends a pid to watch;
+  the watchdog also remembers every descendant of a watched process (once a second), so a server whose wrapper
+  shell died first is still found.
+- When the pipe closes, the watchdog SIGKILLs every watched process still alive and exits. The pipe closes when
+  the trainer calls `release()` (after its own orderly shutdown: nothing is left, nothing is killed) or when the
+  trainer dies in any way, SIGKILL included: the kernel closes its descriptors. `release(wait_s)` can wait for
+  the watchdog to finish (a second pipe, which closes when the watchdog exits).
+
+Python creates pipes non-inheritable, so no `exec`ed child of the trainer holds the write end; a child *forked*
+without `exec` (a fork-started DataLoader worker) holds it until that child exits, which delays the kill by as
+long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+import sys
+
+import psutil
+
+
+class Watchdog:
+    """The trainer's side: the write end of the watch pipe, and the read end of the pipe that closes when the
+    watchdog exits."""
+
+    def __init__(self, pid: int, write_fd: int, done_fd: int):
+        self.pid = pid
+        self._write_fd: int | None = write_fd
+        self._done_fd: int | None = done_fd
+
+    @classmethod
+    def spawn(cls, timeout_s: float = 30.0) -> Watchdog:
+        read_fd, write_fd = os.pipe()
+        done_read, done_write = os.pipe()
+        try:
+            launcher = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), str(read_fd), str(done_write)],
+                pass_fds=(read_fd, done_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_fd)
+            os.close(done_read)
+            raise
+        finally:
+            os.close(read_fd)
+            os.close(done_write)
+        launcher.wait(timeout=timeout_s)  # it forks the watchdog and exits at once
+        ready, _, _ = select.select([done_read], [], [], timeout_s)
+        line = os.read(done_read, 64) if ready else b""
+        if not line.strip().isdigit():
+            os.close(write_fd)
+            os.close(done_read)
+            raise RuntimeError(f"NeMo Gym server watchdog did not start within {timeout_s:g} s")
+        return cls(int(line), write_fd, done_read)
+
+    def register(self, pid: int) -> None:
+        """Watch `pid` (and its descendants). A watchdog that already exited is not an error: the caller's own
+        shutdown still runs."""
+        if self._write_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, f"{pid}\n".encode())
+
+    def release(self, wait_s: float = 0.0) -> None:
+        """Close the pipe: the watchdog kills what is still alive of the watched processes, then exits (within
+        milliseconds). With `wait_s`, wait up to that long for it to exit. Idempotent."""
+        fd, self._write_fd = self._write_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        done, self._done_fd = self._done_fd, None
+        if done is not None:
+            with contextlib.suppress(OSError):
+                if wait_s > 0 and select.select([done], [], [], wait_s)[0]:
+                    os.read(done, 64)  # b"": the watchdog exited, its end of the pipe closed
+                os.close(done)
+
+
+def watch(read_fd: int, poll_s: float = 1.0) -> list[int]:
+    """The watchdog's loop: read pids until the pipe closes, then SIGKILL the watched processes; the pids killed."""
+    watched: dict[int, psutil.Process] = {}
+    pending = b""
+    while True:
+        readable, _, _ = select.select([read_fd], [], [], poll_s)
+        if readable:
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                with contextlib.suppress(psutil.Error):
+                    _remember(watched, psutil.Process(int(line)))
+        _add_descendants(watched)
+    _add_descendants(watched)
+    killed = []
+    for pid, proc in watched.items():
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.kill()
+                killed.append(pid)
+    return killed
+
+
+def _remember(watched: dict[int, psutil.Process], proc: psutil.Process) -> None:
+    known = watched.get(proc.pid)
+    if known is None or not known.is_running():  # a pid reused by a new process: watch the new one
+        watched[proc.pid] = proc
+
+
+def _add_descendants(watched: dict[int, psutil.Process]) -> None:
+    for proc in list(watched.values()):
+        with contextlib.suppress(psutil.Error):
+            for child in proc.children(recursive=True):
+                _remember(watched, child)
+
+
+def main(read_fd: int, done_fd: int) -> None:
+    """The watchdog process: detach from the trainer (fork; the first process exits), report the pid, watch."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.write(done_fd, f"{os.getpid()}\n".encode())
+    watch(read_fd)  # done_fd closes when this process exits
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
