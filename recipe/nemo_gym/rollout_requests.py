@@ -97,8 +97,8 @@ def build_example(row: Mapping[str, Any], sampling: Sampling) -> dict[str, Any]:
     params["temperature"] = sampling.temperature
     params["top_p"] = sampling.top_p
     own_limit = params.get("max_output_tokens")
-    if own_limit is None or own_limit > sampling.max_output_tokens:
-        params["max_output_tokens"] = sampling.max_output_tokens
+    if not (isinstance(own_limit, int) and 0 < own_limit <= sampling.max_output_tokens):
+        params["max_output_tokens"] = sampling.max_output_tokens  # absent, larger, or not a token count
     metadata = params.get("metadata")
     if metadata is None:
         params.pop("metadata", None)

@@ -52,13 +52,19 @@ class Watchdog:
         read_fd, write_fd = os.pipe()
         done_read, done_write = os.pipe()
         try:
-            launcher = subprocess.Popen(
+            subprocess.run(  # the launcher forks the watchdog and exits at once
                 [sys.executable, "-I", os.path.abspath(__file__), str(read_fd), str(done_write)],
                 pass_fds=(read_fd, done_write),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,
+                check=True,
+                timeout=timeout_s,
             )
+            ready, _, _ = select.select([done_read], [], [], timeout_s)
+            line = os.read(done_read, 64) if ready else b""
+            if not line.strip().isdigit():
+                raise RuntimeError(f"NeMo Gym server watchdog did not start within {timeout_s:g} s")
         except BaseException:
             os.close(write_fd)
             os.close(done_read)
@@ -66,13 +72,6 @@ class Watchdog:
         finally:
             os.close(read_fd)
             os.close(done_write)
-        launcher.wait(timeout=timeout_s)  # it forks the watchdog and exits at once
-        ready, _, _ = select.select([done_read], [], [], timeout_s)
-        line = os.read(done_read, 64) if ready else b""
-        if not line.strip().isdigit():
-            os.close(write_fd)
-            os.close(done_read)
-            raise RuntimeError(f"NeMo Gym server watchdog did not start within {timeout_s:g} s")
         return cls(int(line), write_fd, done_read)
 
     def register(self, pid: int) -> None:
@@ -98,8 +97,8 @@ class Watchdog:
                 os.close(done)
 
 
-def watch(read_fd: int, poll_s: float = 1.0) -> list[int]:
-    """The watchdog's loop: read pids until the pipe closes, then SIGKILL the watched processes; the pids killed."""
+def watch(read_fd: int, poll_s: float = 1.0) -> None:
+    """The watchdog's loop: read pids until the pipe closes, then SIGKILL every watched process still alive."""
     watched: dict[int, psutil.Process] = {}
     pending = b""
     while True:
@@ -115,13 +114,10 @@ def watch(read_fd: int, poll_s: float = 1.0) -> list[int]:
                     _remember(watched, psutil.Process(int(line)))
         _add_descendants(watched)
     _add_descendants(watched)
-    killed = []
-    for pid, proc in watched.items():
+    for proc in watched.values():
         with contextlib.suppress(psutil.Error):
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 proc.kill()
-                killed.append(pid)
-    return killed
 
 
 def _remember(watched: dict[int, psutil.Process], proc: psutil.Process) -> None:
