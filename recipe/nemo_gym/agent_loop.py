@@ -48,6 +48,7 @@ from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
+from recipe.nemo_gym.gym.collect import validate_examples
 from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
@@ -235,23 +236,13 @@ class NeMoGymAgentLoopManager:
         return output
 
     def _check_agents(self, rows, prompts: DataProto) -> None:
-        """Refuse the batch, before any request is sent, if a row names an agent that is not configured.
-
-        Every such row is named (batch row and dataset index, first 10 shown); the manager stays usable.
-        """
+        """Refuse the batch before any request is sent if a row cannot run; the manager stays usable."""
         indices = prompts.non_tensor_batch.get("index")
-        bad = []
-        for i, row in enumerate(rows):
-            name = (row.get("agent_ref") or {}).get("name")
-            if name not in self.agent_names:
-                where = f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "")
-                bad.append(f"{where}: agent_ref.name {name!r}")
-        if bad:
-            shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
-            raise ValueError(
-                f"{len(bad)} of {len(rows)} rows name an agent that is not configured in {self.config_path} "
-                f"(configured agents: {sorted(self.agent_names)}); nothing was sent: {shown}"
-            )
+        labels = [
+            f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "")
+            for i in range(len(rows))
+        ]
+        validate_examples(rows, self.agent_names, labels=labels, config=self.config_path)
 
     def _prompt_ids(self, row) -> list[int] | None:
         """The row's prompt as the chat template renders it: what a failed row carries (masked) in the batch."""

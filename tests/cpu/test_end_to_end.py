@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage
 from verl.utils.config import omega_conf_to_dataclass
 
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-from recipe.nemo_gym.packing.episode import TOKEN_FIELDS
+from recipe.nemo_gym.token_fields import TOKEN_FIELDS
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer

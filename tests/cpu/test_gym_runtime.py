@@ -231,17 +231,33 @@ def test_server_instances_mirror_what_run_helper_launches() -> None:
     ]
 
 
-def test_validate_examples_names_the_bad_row() -> None:
+def test_validate_examples_names_every_bad_row_in_one_error() -> None:
     good = math_row("q", "1", answer="1")
     agents = {"math_with_judge_simple_agent"}
     assert validate_examples([good, good], agents) == ["math_with_judge_simple_agent"] * 2
     no_agent = {k: v for k, v in good.items() if k != "agent_ref"}
-    with pytest.raises(ValueError, match=r"row 1: missing agent_ref.name"):
-        validate_examples([good, no_agent], agents)
-    with pytest.raises(ValueError, match=r"row 0: agent_ref.name 'other' is not an agent"):
-        validate_examples([good | {"agent_ref": {"name": "other"}}], agents)
-    with pytest.raises(ValueError, match=r"row 2: missing responses_create_params"):
-        validate_examples([good, good, {"agent_ref": {"name": "math_with_judge_simple_agent"}}], agents)
+    no_params = {"agent_ref": {"name": "math_with_judge_simple_agent"}}
+    with pytest.raises(ValueError) as err:
+        validate_examples([good, no_agent, good | {"agent_ref": {"name": "other"}}, no_params, "text"], agents)
+    assert str(err.value) == (
+        "4 of 5 rows cannot run on the agents of this NeMo Gym configuration "
+        "(configured agents: ['math_with_judge_simple_agent']); nothing was sent: "
+        "row 1: missing agent_ref.name (the agent server that runs the episode); "
+        "row 2: agent_ref.name 'other' is not configured; row 3: missing responses_create_params; "
+        "row 4: expected a mapping, got str"
+    )
+
+
+def test_validate_examples_uses_the_callers_row_labels_and_shows_ten() -> None:
+    rows = [{"agent_ref": {"name": f"a{i}"}, "responses_create_params": {}} for i in range(12)]
+    labels = [f"batch row {i} (dataset index {100 + i})" for i in range(12)]
+    with pytest.raises(ValueError) as err:
+        validate_examples(rows, {"a0"}, labels=labels, config="plugin.yaml")
+    message = str(err.value)
+    assert message.startswith("11 of 12 rows cannot run on the agents of plugin.yaml (configured agents: ['a0'])")
+    assert "batch row 1 (dataset index 101): agent_ref.name 'a1' is not configured" in message
+    assert "batch row 10 (dataset index 110)" in message and "batch row 11 " not in message
+    assert message.endswith("; and 1 more")
 
 
 def test_interpreter_shim_runs_this_interpreter_and_links_are_idempotent(tmp_path: Path) -> None:

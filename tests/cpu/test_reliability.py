@@ -57,8 +57,8 @@ RESPONSE_LENGTH = 1024
 # The body of a workplace row's `/run` (HTTP 500) when the splice patch refused the second model call (the
 # policy's first generation held an EOS in its middle), captured from this file's stack: vLLM's 400, wrapped
 # by NeMo Gym's model server and agent (each hop `repr`s the inner body). Kept as captured: SpliceError's message
-# prefix (SPLICE_PREFIX) came later, so the relay test rebuilds this body from today's message without it, and
-# the classification test also reads the body today's message makes.
+# prefix (SPLICE_PREFIX), which the runtime recognises a refusal by, came later: the relay test rebuilds this body
+# from today's message without it, and the classification tests read the bodies today's messages make.
 REAL_REFUSAL_BODY = '"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"rule 2 (unedited history) failed: the model\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s own tokens hold 4 EOS token(s) (3 before the generation\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s end, generation ended on EOS) but the history rendered up to that turn holds 3; the history was edited after the model produced it (truncated, summarised, or a turn split or merged)\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
 # The body of a math row's `/run` when the policy's completion carried a NaN log-prob: vLLM's server cannot
 # encode the response and answers 400 with the JSON encoder's message; NeMo Gym relays it the same way.
@@ -118,18 +118,16 @@ def captured_refusal() -> SpliceError:
 
 
 def test_real_splice_refusal_relayed_by_nemo_gym_is_contiguity_broken_with_a_readable_detail():
-    todays_body = nemo_gym_relay(vllm_400(str(captured_refusal())), hops(WORKPLACE))
-    for body in (REAL_REFUSAL_BODY, todays_body):
-        assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN
-        failure = server_error_failure(3, WORKPLACE, 500, body.encode())
-        assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
-        assert failure.detail.startswith(
-            f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
-            "splice): rule 2 (unedited history) failed: the model's own tokens hold"
-        )
-        assert failure.detail.endswith(
-            "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
-        )
+    body = nemo_gym_relay(vllm_400(str(captured_refusal())), hops(WORKPLACE))
+    assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN
+    failure = server_error_failure(3, WORKPLACE, 500, body.encode())
+    assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
+    assert failure.detail == (
+        f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
+        "splice): rule 2 (unedited history) failed: the model's own tokens hold 4 EOS token(s) (3 before the "
+        "generation's end, generation ended on EOS) but the history rendered up to that turn holds 3; the history "
+        "was edited after the model produced it (truncated, summarised, or a turn split or merged)"
+    )
 
 
 def test_every_splice_rule_refusal_is_contiguity_broken_after_nemo_gyms_relay():
@@ -586,8 +584,11 @@ def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_ru
     with pytest.raises(ValueError) as err:
         manager.generate_sequences(_batch(stack, ["good_math", "unknown_agent", "good_math_2"]))
     message = str(err.value)
-    assert f"batch row 1 (dataset index {INDEX['unknown_agent']}): agent_ref.name 'no_such_agent'" in message, message
-    assert message.startswith("1 of 3 rows name an agent that is not configured in ")
+    assert (
+        f"batch row 1 (dataset index {INDEX['unknown_agent']}): agent_ref.name 'no_such_agent' is not configured"
+        in message
+    ), message
+    assert message.startswith("1 of 3 rows cannot run on the agents of ")
     assert f"'{MATH}', '{WORKPLACE}'" in message and "nothing was sent" in message
     time.sleep(0.5)
     assert _chat_requests(server) == sent_before

@@ -40,24 +40,40 @@ logger = logging.getLogger(__name__)
 RowOutcome = dict[str, Any] | EpisodeFailure
 
 
-def validate_examples(examples: Sequence[Mapping[str, Any]], agent_names: Collection[str]) -> list[str]:
-    """Each row's agent server name; raises `ValueError` naming the first bad row."""
-    agents = []
+def validate_examples(
+    examples: Sequence[Mapping[str, Any]],
+    agent_names: Collection[str],
+    *,
+    labels: Sequence[str] | None = None,
+    config: str = "this NeMo Gym configuration",
+) -> list[str]:
+    """Each row's agent server name, or one `ValueError` naming every row that cannot run (first 10 shown).
+
+    The one check of a row's `agent_ref.name` against the agents NeMo Gym started: the manager runs it on verl's
+    rows before it builds a request (`labels` then name the batch row and dataset index, `config` the plugin
+    YAML), and `GymRuntime.collect` on whatever it is given. Nothing has been sent when it raises.
+    """
+    agents, bad = [], []
     for i, row in enumerate(examples):
+        label = labels[i] if labels is not None else f"row {i}"
         if not isinstance(row, Mapping):
-            raise ValueError(f"row {i}: expected a mapping, got {type(row).__name__}")
+            bad.append(f"{label}: expected a mapping, got {type(row).__name__}")
+            continue
         agent_ref = row.get("agent_ref")
         name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
         if not isinstance(name, str) or not name:
-            raise ValueError(f"row {i}: missing agent_ref.name (the agent server that runs the episode)")
-        if name not in agent_names:
-            raise ValueError(
-                f"row {i}: agent_ref.name {name!r} is not an agent of this NeMo Gym configuration "
-                f"(agents: {sorted(agent_names)})"
-            )
-        if "responses_create_params" not in row:
-            raise ValueError(f"row {i}: missing responses_create_params")
+            bad.append(f"{label}: missing agent_ref.name (the agent server that runs the episode)")
+        elif name not in agent_names:
+            bad.append(f"{label}: agent_ref.name {name!r} is not configured")
+        elif "responses_create_params" not in row:
+            bad.append(f"{label}: missing responses_create_params")
         agents.append(name)
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(
+            f"{len(bad)} of {len(examples)} rows cannot run on the agents of {config} "
+            f"(configured agents: {sorted(agent_names)}); nothing was sent: {shown}"
+        )
     return agents
 
 

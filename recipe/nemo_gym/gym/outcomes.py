@@ -20,15 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
+from recipe.nemo_gym.splice.carriers import SpliceError
+from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY
 
-# Refusals of the token-exact splice (`recipe.nemo_gym.splice.carriers.SpliceError`), as they appear in an agent's
-# error body: vLLM answers them with HTTP 400 and the message, NeMo Gym's model server and agent each wrap the inner
-# body in `repr` (quotes escaped, once per hop), so only text without quotes or backslashes is matched. Tied to the
-# wording of the splice's rules in `recipe/nemo_gym/splice/` ("rule 2 (unedited history) failed: ...", "rule 'one
-# message per generation' failed: ...").
-_SPLICE_REFUSAL = re.compile(
-    r"rule \d+ \([^()'\"\\]{1,80}\) failed|one message per generation[\\'\"]* failed|token-exact splice refused"
-)
+# Every refusal of the token-exact splice starts with `SpliceError.PREFIX`. vLLM answers it with HTTP 400 and the
+# message, and NeMo Gym's model server and agent each wrap the inner body in `repr` (quotes and backslashes escaped,
+# once per hop); the prefix holds neither, so it reaches the agent's error body unchanged.
+_SPLICE_REFUSAL = re.compile(re.escape(SpliceError.PREFIX))
 # vLLM's OpenAI server cannot encode a response holding NaN (in 0.24: a NaN log-prob, the only float a chat
 # completion returns per token; -inf is clamped to -9999.0) and answers with the JSON encoder's message (HTTP 400).
 _NON_FINITE_FLOAT = re.compile(r"Out of range float values are not JSON compliant")
@@ -67,14 +65,8 @@ def server_error_failure(row: int, agent: str, status: int | None, body: bytes |
     if cause is FailureCause.CONTIGUITY_BROKEN:
         found = _SPLICE_REFUSAL.search(body)
         assert found is not None
-        if found.group(0).startswith("token-exact"):  # SpliceError's prefix: the refusal's own words follow it
-            start = found.end()
-        elif found.group(0).startswith("rule"):
-            start = found.start()
-        else:
-            start = max(0, body.rfind("rule", 0, found.start()))
         detail = f"{where}: the policy server refused the chat history (token-exact splice): "
-        return EpisodeFailure(cause, detail + _readable_excerpt(body, start).lstrip(": "), row=row)
+        return EpisodeFailure(cause, detail + _readable_excerpt(body, found.end()), row=row)
     if cause is FailureCause.NON_FINITE_LOGPROB:
         found = _NON_FINITE_FLOAT.search(body)
         assert found is not None
@@ -103,7 +95,7 @@ def context_overflow_failure(row: int, result: Mapping[str, Any]) -> EpisodeFail
     output = response.get("output")
     if not isinstance(output, list):
         return None
-    if any(isinstance(item, Mapping) and item.get("generation_token_ids") is not None for item in output):
+    if any(isinstance(item, Mapping) and item.get(GENERATION_IDS_KEY) is not None for item in output):
         return None
     return EpisodeFailure(
         FailureCause.PROMPT_TOO_LONG,

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from recipe.nemo_gym.failures import EpisodeDataError, FailureCause
+from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY, GENERATION_LOGPROBS_KEY, PROMPT_IDS_KEY, TOKEN_FIELDS
 
-__all__ = ["TOKEN_FIELDS", "Episode", "Segment", "SegmentKind", "episode_from_result"]
+__all__ = ["Episode", "Segment", "SegmentKind", "episode_from_result"]
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOKEN_FIELD_SET = frozenset(TOKEN_FIELDS)
 
 
@@ -208,8 +208,8 @@ def _episode_token_ids(calls: Sequence[tuple[list, list, list]]) -> np.ndarray:
     """
     prev_prompt = prev_generation = None  # only two calls' arrays are alive at a time
     for index, (prompt, generation, _) in enumerate(calls):
-        prompt_ids = _token_array(index + 1, "prompt_token_ids", prompt)
-        generation_ids = _token_array(index + 1, "generation_token_ids", generation)
+        prompt_ids = _token_array(index + 1, PROMPT_IDS_KEY, prompt)
+        generation_ids = _token_array(index + 1, GENERATION_IDS_KEY, generation)
         if index:
             n_prompt, n_generation = len(prev_prompt), len(prev_generation)
             if not (
@@ -223,8 +223,8 @@ def _episode_token_ids(calls: Sequence[tuple[list, list, list]]) -> np.ndarray:
     token_ids = np.frombuffer(prompt_ids, dtype=np.uint64)
     if len(token_ids) and token_ids.max() > _INT64_MAX:  # array("Q") takes up to 2**64 - 1
         last_prompt, last_generation, _ = calls[-1]
-        raise _bad_token(len(calls), "prompt_token_ids", last_prompt) or _bad_token(
-            len(calls), "generation_token_ids", last_generation
+        raise _bad_token(len(calls), PROMPT_IDS_KEY, last_prompt) or _bad_token(
+            len(calls), GENERATION_IDS_KEY, last_generation
         )
     return token_ids.view(np.int64)
 
@@ -251,7 +251,7 @@ def episode_from_result(result: Mapping[str, Any], *, max_prompt_length: int | N
 
     first_prompt = calls[0][0]
     if not first_prompt:
-        raise EpisodeDataError(FailureCause.MISSING_GENERATION, "model call 1 has empty prompt_token_ids")
+        raise EpisodeDataError(FailureCause.MISSING_GENERATION, f"model call 1 has empty {PROMPT_IDS_KEY}")
     if max_prompt_length is not None and len(first_prompt) > max_prompt_length:
         raise EpisodeDataError(
             FailureCause.PROMPT_TOO_LONG,
@@ -261,8 +261,8 @@ def episode_from_result(result: Mapping[str, Any], *, max_prompt_length: int | N
         if len(generation) != len(log_probs):
             raise EpisodeDataError(
                 FailureCause.MISSING_GENERATION,
-                f"model call {index + 1} has {len(generation)} generation_token_ids but {len(log_probs)} "
-                "generation_log_probs",
+                f"model call {index + 1} has {len(generation)} {GENERATION_IDS_KEY} but {len(log_probs)} "
+                f"{GENERATION_LOGPROBS_KEY}",
             )
     token_ids = _episode_token_ids(calls)
 

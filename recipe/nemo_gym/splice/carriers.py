@@ -19,10 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PROMPT_IDS_KEY = "prompt_token_ids"
-GENERATION_IDS_KEY = "generation_token_ids"
-GENERATION_LOGPROBS_KEY = "generation_log_probs"
-TOKEN_ID_KEYS = (PROMPT_IDS_KEY, GENERATION_IDS_KEY, GENERATION_LOGPROBS_KEY)
+from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY, GENERATION_LOGPROBS_KEY, PROMPT_IDS_KEY
 
 
 class SpliceError(ValueError):
