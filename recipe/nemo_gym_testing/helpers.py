@@ -177,8 +177,8 @@ class SharedStack[T]:
     Tests that only use it share one (`shared()`). A test that damages it (kills a server, shuts it down) takes
     one that no test uses after it (`own()`): the live one if no test has damaged it, else a new one. So the
     tests pass in any order, and in file order (damaging tests last) nothing starts twice. `cache` holds what
-    tests derive from the live one (cleared on each start). `stop()` ends the live one (the module fixture's
-    teardown).
+    tests derive from the live one (cleared on each start). `stop()`, or leaving `with SharedStack(...)`, ends the
+    live one (the module fixture's teardown).
     """
 
     def __init__(self, start: Callable[[], AbstractContextManager[T]]) -> None:
@@ -197,6 +197,12 @@ class SharedStack[T]:
         current = self.shared()
         self.spent = True
         return current
+
+    def __enter__(self) -> SharedStack[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         exit_stack, self._exit, self.current, self.spent = self._exit, None, None, False

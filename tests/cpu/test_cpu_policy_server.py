@@ -175,8 +175,9 @@ def test_no_match_message_names_request_rules_and_prompt_tail():
 @pytest.fixture(scope="module")
 def servers():
     """The module's policy servers, one live at a time: the test that stops one gets one of its own."""
-    holder = SharedStack(
-        lambda: CPUPolicyServer(
+
+    def start() -> CPUPolicyServer:
+        return CPUPolicyServer(
             tiny_qwen3_dir(),
             script=POLICY,
             served_model_name=SERVED_NAME,
@@ -184,11 +185,9 @@ def servers():
             extra_args=("--reasoning-parser", "qwen3"),
             startup_timeout_s=400,
         )
-    )
-    try:
+
+    with SharedStack(start) as holder:
         yield holder
-    finally:
-        holder.stop()
 
 
 @pytest.fixture

@@ -19,11 +19,9 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 from verl.utils.config import omega_conf_to_dataclass
 
-from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.token_fields import TOKEN_FIELDS
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.helpers import SharedStack
 
@@ -48,20 +46,11 @@ def stacks(tmp_path_factory):
         overrides = harness.cpu_trainer_overrides(
             model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
         )
-        config = harness.compose_verl_config(overrides)
-        dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
-        server = CPUPolicyServer(model_dir, script=example_episodes_policy()).start()
-        try:
-            with harness.manager_on_cpu_server(config, server) as manager:
-                yield {"config": config, "dataset": dataset, "rows": rows, "manager": manager, "server": server}
-        finally:
-            server.stop()
+        with harness.manager_stack(model_dir, overrides, data, example_episodes_policy()) as stack:
+            yield {**stack, "rows": rows}
 
-    holder = SharedStack(start)
-    try:
+    with SharedStack(start) as holder:
         yield holder
-    finally:
-        holder.stop()
 
 
 @pytest.fixture

@@ -563,13 +563,12 @@ def stacks(tmp_path_factory: pytest.TempPathFactory, ray_address: str, policy: P
         finally:
             runtime.shutdown()
 
-    holder = SharedStack(start)
-    LIVE_STACKS.append(holder)
-    try:
-        yield holder
-    finally:
-        holder.stop()
-        LIVE_STACKS.remove(holder)
+    with SharedStack(start) as holder:
+        LIVE_STACKS.append(holder)
+        try:
+            yield holder
+        finally:
+            LIVE_STACKS.remove(holder)
 
 
 @pytest.fixture

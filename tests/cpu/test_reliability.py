@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.collect import run_examples_in_order
 from recipe.nemo_gym.gym.errors import GymConfigError, PolicyServerUnreachable
@@ -452,22 +451,13 @@ failures: {{max_fraction: 0.05}}
             n=1,
             batch_size=len(MIXED),
         )
-        config = harness.compose_verl_config(overrides)
-        dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
         # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-        server = CPUPolicyServer(model_dir, script=scripted_policy(model_dir), env=env).start()
-        try:
-            with harness.manager_on_cpu_server(config, server) as manager:
-                yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
-        finally:
-            server.stop()
+        with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), env=env) as stack:
+            yield stack
 
-    holder = SharedStack(start)
-    try:
+    with SharedStack(start) as holder:
         yield holder
-    finally:
-        holder.stop()
 
 
 @pytest.fixture

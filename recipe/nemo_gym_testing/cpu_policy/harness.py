@@ -10,6 +10,7 @@ verl's own code path except the GPU engine:
 - `trainer_batches`: the batch `generate_sequences` receives, and the trainer's side of it: verl's collate over
   dataset items, `DataProto.from_single_dict`, a `uid` per prompt, the trainer's non-tensor pop, `rollout.n` interleaved
   repeats, and the validation meta_info and padding when validating.
+- `manager_stack`: config, dataset, CPU policy server and manager together, as the integration tests use them.
 - `example_rows`: NeMo Gym's example rows shipped in the wheel, with the `agent_ref` its data preparation adds.
 """
 
@@ -128,6 +129,20 @@ def manager_on_cpu_server(config, server):
             manager.shutdown()
         if started_ray:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def manager_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, script, env=None):
+    """The stack the manager's integration tests drive: verl's config composed from `overrides`, the plugin's
+    dataset over `data_file`, a CPU policy server on `model_dir` playing `script` (started with `env`), and the
+    real manager over that server. Yields `{"config", "dataset", "manager", "server"}`; all stopped on exit."""
+    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+
+    config = compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
+    with CPUPolicyServer(model_dir, script=script, env=env) as server, manager_on_cpu_server(config, server) as manager:
+        yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
 
 
 def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, Any]]:
