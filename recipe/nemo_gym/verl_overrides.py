@@ -3,11 +3,14 @@
 
 `plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its
 model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO, the
-multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, and the lazy JSONL dataset.
+multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset, and
+vLLM's tool-call parsing. NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers
+tools, which vLLM refuses (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the
+model's tool-call format (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
 The submit scripts read them from this module's command line (one per line), the CPU job runner and the test
 harness call the function, and a test checks that the README's command shows each of them.
 
-    python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml>
+    python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml> [<tool call parser>|""]
 
 Hydra keys that verl 0.9.1's config lacks carry `+`: the manager class exists only on the `AgentLoopConfig`
 dataclass, not in `rollout.yaml`. The dataset is named by module (`pkg://`), not by file path: verl's file
@@ -21,12 +24,25 @@ import sys
 from pathlib import Path
 
 MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
+VLLM_PLUGIN_MODULE = "recipe.nemo_gym.vllm_plugin"
+"""Named in `VERL_USE_EXTERNAL_MODULES` for every process of a job: arms the splice patch in verl's vLLM servers."""
 DATASET_MODULE = "recipe.nemo_gym.dataset"
 DATASET_CLASS = "NeMoGymJSONLDataset"
 
 
-def plugin_overrides(agent_loop_config_path: str | Path) -> list[str]:
+DEFAULT_TOOL_CALL_PARSER = "hermes"
+
+
+def plugin_overrides(
+    agent_loop_config_path: str | Path, tool_call_parser: str | None = DEFAULT_TOOL_CALL_PARSER
+) -> list[str]:
     """The overrides every job of this recipe passes to verl 0.9.1's `main_ppo`, in Hydra's `key=value` form."""
+    tools = []
+    if tool_call_parser:
+        tools = [
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_auto_tool_choice=true",
+            f"+actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser={tool_call_parser}",
+        ]
     return [
         "trainer.use_v1=false",
         "algorithm.adv_estimator=grpo",
@@ -37,15 +53,19 @@ def plugin_overrides(agent_loop_config_path: str | Path) -> list[str]:
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
         f"data.custom_cls.path=pkg://{DATASET_MODULE}",
         f"data.custom_cls.name={DATASET_CLASS}",
+        *tools,
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml>", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print(
+            'usage: python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml> [<tool call parser>|""]',
+            file=sys.stderr,
+        )
         return 2
-    print("\n".join(plugin_overrides(args[0])))
+    print("\n".join(plugin_overrides(*args)))
     return 0
 
 

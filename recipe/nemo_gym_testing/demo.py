@@ -7,8 +7,8 @@ Embedded default: the tiny random-weight Qwen3 model (real Qwen3 tokenizer and c
 for a few steps on a blend of NeMo Gym's math and workplace-assistant environments and this repository's
 example environment `uppercase_share` (graded reward: the share of capital letters in the answer, which a
 random model can improve on within a few steps, unlike math and workplace where it scores 0). Validation runs
-before training, a checkpoint is written at the end. verl, Ray, FSDP, NeMo Gym's servers and the manager are
-the real ones; only vLLM's GPU engine is replaced by the CPU policy server (`cpu_training/rollout.py`).
+before training, a checkpoint is written at the end. verl, Ray, FSDP, verl's vLLM rollout with vLLM's engine (its
+CPU build), NeMo Gym's servers and the manager are the real ones.
 
 The console shows one line per step (reward per environment, loss, failures, rollout and packing time) and the
 manager's progress lines; verl's full output goes to `<out>/main_ppo.log`, NeMo Gym's server logs to

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPU end to end: the real manager, created as verl creates it, on NeMo Gym's real math and workplace servers.
 
-Path under test (only vLLM's GPU engine is replaced):
+Path under test (nothing replaced; vLLM is its CPU build):
 NeMoGymJSONLDataset rows -> verl's collate and the trainer's batch preparation -> `NeMoGymAgentLoopManager.create`
 with verl's real `LLMServerClient` and load balancer -> NeMo Gym's `workplace_assistant` and `math_with_judge`
-servers from the installed wheel (one blend) -> NeMo Gym's training model server -> the CPU policy server (vLLM
-0.24's OpenAI server, splice patch on) playing a scripted tool-using policy in a one-token-per-character split ->
+servers from the installed wheel (one blend) -> NeMo Gym's training model server -> verl's vLLM rollout (standalone
+`vLLMHttpServer` actor, vLLM's engine, splice patch armed through `VERL_USE_EXTERNAL_MODULES`) playing a scripted
+tool-using policy in a one-token-per-character split, forced inside the engine (log-probs are the model's own) ->
 the packed DataProto -> verl's GRPO advantage and vanilla policy loss.
 """
 

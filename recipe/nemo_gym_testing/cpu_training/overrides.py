@@ -18,14 +18,22 @@ Why each override (all checked against verl 0.9.1 on a 2-core machine without a 
 - verl's fused log-prob kernels with their torch backend: log-probs and entropy are computed 512 positions at a
   time instead of from the full `[sequence, vocabulary]` logits (2.8 GB per 4,600-token sequence with Qwen3's
   vocabulary), which otherwise exhausts a 24 GB machine during the actor update.
-- `rollout.name=cpu_vllm`: the rollout registered by `activate` (see `rollout.py`).
+- verl's own `rollout.name=vllm` on vLLM's CPU build, with what that build needs: no sleep mode (vLLM refuses it
+  on CPU; the CPU worker ignores verl's sleep and wake calls), an explicit KV cache size (otherwise vLLM sizes it
+  from `gpu_memory_utilization` against system memory), eager mode and fp32 (the actor's dtype, so its recomputed
+  log-probs match the engine's), a small batch of sequences (vLLM's start-up warm-up runs one full batch through
+  the sampler, 38 s at verl's default of 256 sequences, 9 s at 32), and small weight buckets (verl's 2 GiB default
+  is one `/dev/shm` segment per sync; the CPU platform has no CUDA IPC, so verl syncs through shared memory).
 """
 
 from __future__ import annotations
 
-from recipe.nemo_gym_testing.cpu_training import ROLLOUT_NAME
+from recipe.nemo_gym.verl_overrides import VLLM_PLUGIN_MODULE
 
-EXTERNAL_MODULES = ("recipe.nemo_gym.vllm_plugin", "recipe.nemo_gym_testing.cpu_training.activate")
+ACTIVATE_MODULE = "recipe.nemo_gym_testing.cpu_training.activate"
+EXTERNAL_MODULES = (VLLM_PLUGIN_MODULE, ACTIVATE_MODULE)
+KV_CACHE_BYTES = 512 * 2**20
+"""vLLM's KV cache on CPU: 512 MiB holds 524,288 tokens of the tiny model (2 layers, 2 KV heads of 32, fp32)."""
 
 
 def cpu_env() -> dict[str, str]:
@@ -50,8 +58,14 @@ def cpu_overrides(*, start_ray: bool = True, num_cpus: int = 8) -> list[str]:
         "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
-        f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+        "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={KV_CACHE_BYTES}",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -73,3 +87,15 @@ def cpu_overrides(*, start_ray: bool = True, num_cpus: int = 8) -> list[str]:
         ]
     overrides += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}='{value}'" for key, value in cpu_env().items()]
     return overrides
+
+
+def cpu_difference() -> str:
+    """Everything the CPU backend adds to a GPU job's `main_ppo` command, as the README lists it: the Hydra
+    overrides (the submit scripts give its Ray resources to `ray start` instead) and the environment, which every
+    process of the job gets (`VERL_USE_EXTERNAL_MODULES` extends the plugin's own module list)."""
+    lines = ["# Hydra overrides, after the job's own (a key both set takes the backend's value)"]
+    lines += cpu_overrides(start_ray=False)
+    lines += ["# Ray: one logical GPU per node (ray start --num-gpus=1) and more logical CPUs than cores"]
+    lines += ["# environment of every process"]
+    lines += [f"{key}={value}" for key, value in cpu_env().items()]
+    return "\n".join(lines)
