@@ -3,8 +3,8 @@
 process behind and prints no error.
 
 Each test runs a child process that creates the real manager with verl's own `create(...)` call (verl's
-`LLMServerClient` over the CPU policy server, NeMo Gym's math servers from the wheel), runs one training batch
-(so NeMo Gym's HTTP session exists), records the pids of every NeMo Gym process, and exits:
+`LLMServerClient` over verl's own vLLM server on vLLM's CPU build, NeMo Gym's math servers from the wheel), runs one
+training batch (so NeMo Gym's HTTP session exists), records the pids of every NeMo Gym process, and exits:
 - `script`: the trainer script simply returns (interpreter exit: atexit);
 - `task_runner`: as verl's `main_ppo` runs it, the manager lives in a Ray actor (the TaskRunner) that nothing
   terminates; the driver gets the actor's result and exits, and Ray then ends the actor (SIGTERM, then SIGKILL
@@ -28,8 +28,8 @@ import pytest
 
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 from recipe.nemo_gym_testing.helpers import alive, free_port, math_row, nemo_gym_processes
 
 CHILD = r"""
@@ -91,16 +91,26 @@ PROBLEM_WORDS = ("Traceback", "Error", "Exception")
 
 
 @pytest.fixture(scope="module")
-def policy():
+def policy(tmp_path_factory):
+    """verl's vLLM server (standalone rollout on vLLM's CPU build) answering every math row with 4, in this process's
+    Ray; the children reach it by address (verl's `LLMServerClient` in the child lists it)."""
+    import ray
+
     model_dir = tiny_qwen3_dir()
     script = ScriptedPolicy(
         rules=[ScriptRule(name="answer 4", completion=ScriptCompletion(text="The answer is \\boxed{4}.", split="char"))]
     )
-    server = CPUPolicyServer(model_dir, script=script).start()
+    script_file = script.to_file(tmp_path_factory.mktemp("policy") / "script.json")
+    overrides = harness.cpu_trainer_overrides(
+        model_dir, "/unused.yaml", prompt_length=1024, response_length=64, n=1, batch_size=2
+    )
+    config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True)])
+    init_local_ray()
     try:
-        yield model_dir, server
+        with verl_rollout(config, script_file=script_file) as rollout:
+            yield model_dir, rollout.addresses[0]
     finally:
-        server.stop()
+        ray.shutdown()
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ class ChildRun:
 def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
     """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
     process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
-    model_dir, server = policy
+    model_dir, address = policy
     port = free_port()
     logs = f"  log_dir: {tmp_path / 'gym_logs'}\n" if log_dir else ""
     (tmp_path / "plugin.yaml").write_text(
@@ -132,7 +142,7 @@ nemo_gym:
     harness.write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box
-    argv = [sys.executable, "-c", CHILD, str(tmp_path), f"{server.host}:{server.port}", str(model_dir), mode]
+    argv = [sys.executable, "-c", CHILD, str(tmp_path), address, str(model_dir), mode]
     with open(tmp_path / "stdout.txt", "wb") as out, open(tmp_path / "stderr.txt", "wb") as err:
         child = subprocess.run(
             [*argv, str(ray_dir)], cwd=harness.REPO_ROOT, env=env, stdout=out, stderr=err, timeout=540

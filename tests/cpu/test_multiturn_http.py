@@ -1,30 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A 4-turn episode over HTTP: NeMo Gym's real training model server against vLLM 0.24's real OpenAI server.
+"""A 4-turn episode over HTTP: NeMo Gym's real training model server against verl's real vLLM server.
 
-The CPU policy server (`recipe.nemo_gym_testing.cpu_policy.server`) runs vLLM's own app with the splice patch
-installed in its process, a scripted policy in place of the GPU engine, and the qwen3 reasoning parser.
-NeMo Gym's `responses_api_models/vllm_model` app is built in this process from its shipped training config
-(`vllm_model_for_training.yaml`: `return_token_id_information: true`, `uses_reasoning_parser: true`) and
-driven through `/v1/responses` the way an agent drives it: each turn's output items go back as input.
+verl's own vLLM rollout runs standalone on vLLM's CPU build (`cpu_training/standalone.py`): a `vLLMHttpServer` Ray
+actor serving vLLM's OpenAI app, with the splice patch armed in it by `VERL_USE_EXTERNAL_MODULES` (as on a GPU
+node), the qwen3 reasoning parser and the hermes tool parser, and a scripted policy forced inside the engine
+(`cpu_training/scripted_logits.py`). NeMo Gym's `responses_api_models/vllm_model` app is built in this process from
+its shipped training config (`vllm_model_for_training.yaml`: `return_token_id_information: true`,
+`uses_reasoning_parser: true`) and driven through `/v1/responses` the way an agent drives it: each turn's output
+items go back as input.
 """
 
 import asyncio
+import glob
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
+from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+from recipe.nemo_gym_testing.cpu_policy.script import (
+    ScriptCompletion,
+    ScriptedPolicy,
+    ScriptMatch,
+    ScriptRule,
+    char_split,
+)
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
 pytestmark = pytest.mark.integration
 
 SERVED_NAME = "policy"
 # The Responses API (NeMo Gym's side) spells a function tool flat, not nested under "function".
 TOOLS = [{"type": "function", **WEATHER_TOOL["function"], "strict": True}]
+CUT_TEXT = "<think>\nShort.\n</think>\n\nAnything else? I could also che"
 
 
 def _rule(turn: int, text: str, end: str = "eos") -> ScriptRule:
@@ -39,7 +51,7 @@ POLICY = ScriptedPolicy(
     rules=[
         _rule(0, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'),
         _rule(1, "<think>\nThe tool said 18C.\n</think>\n\nIt is 18C in Paris."),
-        _rule(2, "<think>\nShort.\n</think>\n\nAnything else? I could also che", end="length"),
+        _rule(2, CUT_TEXT, end="length"),  # the request's max_output_tokens cuts it right after the text
         _rule(3, "<think>\nDone.\n</think>\n\nBye!", end="stop_token"),
         _rule(4, "Bye."),  # the chat-path check after the episode
     ]
@@ -47,16 +59,36 @@ POLICY = ScriptedPolicy(
 
 
 @pytest.fixture(scope="module")
-def policy_server():
-    with CPUPolicyServer(
-        tiny_qwen3_dir(),
-        script=POLICY,
-        served_model_name=SERVED_NAME,
-        splice_patch=True,
-        extra_args=("--reasoning-parser", "qwen3"),
-        startup_timeout_s=400,
-    ) as server:
-        yield server
+def policy_server(tmp_path_factory):
+    """verl's vLLM server (one standalone replica) playing POLICY; yields its base URL ("http://host:port/v1")."""
+    import ray
+
+    script = POLICY.to_file(tmp_path_factory.mktemp("policy") / "script.json")
+    overrides = [
+        *harness.cpu_trainer_overrides(
+            tiny_qwen3_dir(), "/unused.yaml", prompt_length=2048, response_length=512, n=1, batch_size=1
+        ),
+        *standalone_overrides(scripted=True),
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.reasoning_parser=qwen3",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name={SERVED_NAME}",
+    ]
+    config = harness.compose_verl_config(overrides)
+    init_local_ray()
+    try:
+        with verl_rollout(config, script_file=script) as rollout:
+            yield rollout
+    finally:
+        ray.shutdown()
+
+
+def _server_log(rollout) -> Path:
+    """The server actor's stderr file in Ray's session logs (Ray names worker logs by process ID)."""
+    import ray
+
+    pid = ray.get(rollout.servers[0].__ray_call__.remote(lambda _actor: os.getpid()))
+    found = glob.glob(f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err")
+    assert len(found) == 1, found
+    return Path(found[0])
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +99,7 @@ def episode(policy_server):
     # none, make it on this episode's loop, and close it after.
     global_aiohttp_client_exit()
     try:
-        return asyncio.run(_episode(policy_server.base_url))
+        return asyncio.run(_episode(policy_server.base_urls[0]))
     finally:
         global_aiohttp_client_exit()
 
@@ -112,6 +144,8 @@ async def _episode(base_url: str) -> tuple[list[dict], dict]:
     ) as client:
         for turn in range(4):
             body = {"input": items, "tools": TOOLS, "model": SERVED_NAME}
+            if turn == 2:
+                body["max_output_tokens"] = _cut_length()
             response = await client.post("/v1/responses", json=body)
             assert response.status_code == 200, response.text
             output = response.json()["output"]
@@ -155,6 +189,14 @@ async def _episode(base_url: str) -> tuple[list[dict], dict]:
         )
     same_path = {"chat": chat.json().get("prompt_token_ids"), "tokenize": tokenized.json().get("tokens")}
     return turns, {**refusal, **same_path}
+
+
+def _cut_length() -> int:
+    """How many tokens the scripted cut turn has (its text one token per character, no terminator)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir()))
+    return len(char_split(CUT_TEXT, lambda t: tok.encode(t, add_special_tokens=False), tok.get_added_vocab()))
 
 
 def test_four_turn_episode_each_prompt_begins_with_previous_prompt_and_generation(episode):
@@ -220,13 +262,15 @@ def test_refusals_keep_the_connection_and_valid_requests_sharing_the_pool_stay_e
             {"role": "tool", "tool_call_id": "c1", "content": "18C"},
         ],
     }
-    log_start = policy_server.log_path.stat().st_size
-    ok, refused = asyncio.run(_shared_pool_burst(policy_server.root_url, valid, [truncated, non_json], 64))
+    log_path = _server_log(policy_server)
+    log_start = log_path.stat().st_size
+    root_url = policy_server.base_urls[0].removesuffix("/v1")
+    ok, refused = asyncio.run(_shared_pool_burst(root_url, valid, [truncated, non_json], 64))
     errors = [r for r in ok + refused if isinstance(r, BaseException)]
     assert errors == []
     assert [r.status_code for r in ok] == [200] * len(ok)
     assert all(r.json()["prompt_token_ids"] == expected for r in ok)
     assert [r.status_code for r in refused] == [400] * len(refused)
     assert all("token-exact splice refused: rule 2" in r.text for r in refused[0::2])
-    log = policy_server.log_path.read_bytes()[log_start:].decode("utf-8", errors="replace")
+    log = log_path.read_bytes()[log_start:].decode("utf-8", errors="replace")
     assert "Traceback" not in log

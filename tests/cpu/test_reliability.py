@@ -6,9 +6,10 @@ Two layers:
   `probe_policy_server`, `run_examples_in_order`) on exact inputs, real sockets and error bodies captured from
   the running stack;
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
-  workplace servers and the CPU policy server (vLLM 0.24's OpenAI server with the splice patch; only the GPU
-  engine is replaced, by a scripted policy). One start for the module; the test that kills the policy server
-  takes a stack no other test uses after it (the shared one when it runs last, as in file order).
+  workplace servers. The batches with injected faults run against the hand-written CPU policy server (vLLM 0.24's
+  OpenAI app with the splice patch, engine replaced by a script): vLLM's real engine cannot be made to send a
+  non-finite log-prob or to go on generating after an EOS. The test that kills the policy server kills verl's own
+  vLLM server actor (standalone rollout on vLLM's CPU build, `cpu_training/standalone.py`) in a stack of its own.
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """
@@ -18,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import socket
 import threading
 import time
@@ -420,40 +419,42 @@ def scripted_policy(model_dir: Path) -> ScriptedPolicy:
     )
 
 
-@pytest.fixture(scope="module")
-def stacks(tmp_path_factory):
-    """The module's stacks, one live at a time: the test that kills the policy server gets one of its own."""
-
-    @contextlib.contextmanager
-    def start():
-        tmp = tmp_path_factory.mktemp("reliability")
-        model_dir = tiny_qwen3_dir()
-        data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
-        plugin_yaml = tmp / "plugin.yaml"
-        plugin_yaml.write_text(
-            f"""
+def _plugin_yaml(folder: Path) -> Path:
+    path = folder / "plugin.yaml"
+    path.write_text(
+        f"""
 nemo_gym:
   config_paths:
     - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
     - resources_servers/math_with_judge/configs/math_with_judge.yaml
     - resources_servers/workplace_assistant/configs/workplace_assistant.yaml
   head_server: {{port: {free_port()}}}
-  log_dir: {tmp}/logs
+  log_dir: {folder}/logs
 timeouts: {{startup_s: 600, batch_s: 300, health_check_interval_s: 1}}
 failures: {{max_fraction: 0.05}}
 """
-        )
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory):
+    """The module's fault-injection stacks (one start for the module)."""
+
+    @contextlib.contextmanager
+    def start():
+        tmp = tmp_path_factory.mktemp("reliability")
+        model_dir = tiny_qwen3_dir()
+        data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
         overrides = harness.cpu_trainer_overrides(
             model_dir,
-            plugin_yaml,
+            _plugin_yaml(tmp),
             prompt_length=PROMPT_LENGTH,
             response_length=RESPONSE_LENGTH,
             n=1,
             batch_size=len(MIXED),
         )
-        # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-        with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), env=env) as stack:
+        with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir)) as stack:
             yield stack
 
     with SharedStack(start) as holder:
@@ -461,15 +462,28 @@ failures: {{max_fraction: 0.05}}
 
 
 @pytest.fixture
-def stack(stacks):
-    """The shared stack: no test kills anything in it."""
-    return stacks.shared()
+def verl_stack(tmp_path):
+    """A stack on verl's own vLLM rollout, for the test that kills its server (nothing else uses it)."""
+    model_dir = tiny_qwen3_dir()
+    data = harness.write_jsonl(list(ROWS.values()), tmp_path / "rows.jsonl")
+    overrides = harness.cpu_trainer_overrides(
+        model_dir,
+        _plugin_yaml(tmp_path),
+        prompt_length=PROMPT_LENGTH,
+        response_length=RESPONSE_LENGTH,
+        n=1,
+        batch_size=len(MIXED),
+    )
+    # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}
+    with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), server_env=dev) as stack:
+        yield stack
 
 
 @pytest.fixture
-def own_stack(stacks):
-    """A stack for this test alone (it kills the policy server)."""
-    return stacks.own()
+def stack(stacks):
+    """The shared stack: no test kills anything in it."""
+    return stacks.shared()
 
 
 def _batch(stack, names):
@@ -613,14 +627,16 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
 
 
 @pytest.mark.integration
-def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_stack):
-    """Kills the policy server (of a stack of its own). Requests wait on a live, paused server; then it dies."""
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(verl_stack):
+    """Kills verl's vLLM server actor. Requests wait on a live, paused server; then it dies."""
     import urllib.request
 
-    stack = own_stack
-    manager, server = stack["manager"], stack["server"]
-    url = server.base_url
-    request = urllib.request.Request(f"{server.root_url}/pause?mode=keep", method="POST")
+    import ray
+
+    stack = verl_stack
+    manager, rollout = stack["manager"], stack["rollout"]
+    url = rollout.base_urls[0]
+    request = urllib.request.Request(f"http://{rollout.addresses[0]}/pause?mode=keep", method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
     outcome: dict = {}
@@ -638,7 +654,7 @@ def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(
     worker.join(6.0)  # six health checks: the paused server answers /health, so nothing aborts
     assert worker.is_alive(), f"the batch ended while the policy server was alive: {outcome}"
     killed = time.monotonic()
-    os.killpg(server.pgid, signal.SIGKILL)
+    ray.kill(rollout.servers[0])  # SIGKILL of the actor's process, as when its node dies
     worker.join(60.0)
     assert not worker.is_alive(), "the batch did not end after the policy server died"
     to_error = outcome["ended"] - killed

@@ -475,7 +475,7 @@ def test_gpu_backend_is_the_default_and_asks_no_backend_module(tmp_path):
 def test_cpu_backend_overrides_and_environment_are_merged(tmp_path):
     overrides = [
         "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=cpu_vllm",
+        "actor_rollout_ref.rollout.name=stub_rollout",
         # the script adds this key with `+` too: Hydra refuses adding it twice, so the backend's replaces it
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
         # the script adds this one with `+` (absent from verl's config): the backend's entry keeps a `+`
@@ -496,7 +496,7 @@ def test_cpu_backend_overrides_and_environment_are_merged(tmp_path):
     # the script's own overrides, then the backend's (each key once), then the user's
     assert args[-5:] == [
         "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=cpu_vllm",
+        "actor_rollout_ref.rollout.name=stub_rollout",
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=b.Manager",
         "trainer.total_epochs=3",

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A CPU stand-in for verl's vLLM rollout server, used by the tests and the CPU demo job.
+"""Test support around the tiny policy: the tiny Qwen3 model, scripted policies, the test harness, and a stand-in.
 
-Only vLLM's GPU engine is replaced: the OpenAI-compatible HTTP app, the chat renderer, the tool parser and
-`/tokenize` are vLLM 0.24's own code. The policy is a tiny random-weight Qwen3 model built locally
-(`tiny_model`), or a script of completions a test decides in advance (`engine.ScriptedPolicy`).
+- `tiny_model`: the tiny random-weight Qwen3 model built locally; `script`, `episodes`: scripted policies (played
+  inside vLLM's real engine by `cpu_training/scripted_logits.py`); `harness`: the manager over verl's own vLLM
+  rollout on CPU, as the integration tests drive it.
+- `server`, `engine`, `model_policy`: the hand-written CPU policy server (vLLM 0.24's own OpenAI app, engine
+  replaced). It remains only for faults vLLM's real engine cannot be made to produce (a non-finite log-prob, an EOS
+  inside one generation: `test_reliability.py`) and, not yet moved to the real engine, the load test.
 """

@@ -106,13 +106,22 @@ def manager_over(config, llm_client):
 
 
 @contextlib.contextmanager
-def manager_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, script, *, replicas: int = 1):
+def manager_stack(
+    model_dir: Path,
+    overrides: Sequence[str],
+    data_file: Path,
+    script,
+    *,
+    replicas: int = 1,
+    server_env: dict[str, str] | None = None,
+):
     """The stack the manager's integration tests drive: verl's config composed from `overrides` plus the CPU
     backend's, the plugin's dataset over `data_file`, verl's own vLLM rollout on `model_dir` (standalone: vLLM's CPU
     engine in verl's server actors, splice patch armed by `VERL_USE_EXTERNAL_MODULES`) playing `script` (a
     `ScriptedPolicy`, or None for the model's own samples), and the real manager over verl's client. Starts a local
     Ray with the CPU backend's environment unless one is connected (then it must have been started by
-    `standalone.init_local_ray`). Yields `{"config", "dataset", "manager", "rollout"}`; all stopped on exit."""
+    `standalone.init_local_ray`). `server_env`: more environment for verl's server actors. Yields `{"config", "dataset",
+    "manager", "rollout"}`; all stopped on exit."""
     import tempfile
 
     import ray
@@ -131,9 +140,37 @@ def manager_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, sc
             if script is not None:
                 folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="scripted-policy-"))
                 script_file = script.to_file(Path(folder) / "script.json")
-            rollout = stack.enter_context(verl_rollout(config, script_file=script_file))
+            rollout = stack.enter_context(verl_rollout(config, script_file=script_file, env=server_env))
             manager = stack.enter_context(manager_over(config, rollout.llm_client))
             yield {"config": config, "dataset": dataset, "manager": manager, "rollout": rollout}
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def fault_injection_stack(model_dir: Path, overrides: Sequence[str], data_file: Path, script, env=None):
+    """`manager_stack` over the hand-written CPU policy server (`server.py`) instead of verl's vLLM rollout, for the
+    faults vLLM's real engine cannot be made to produce: a non-finite log-prob, an EOS inside one generation. The
+    manager still gets verl's own `LLMServerClient` and load balancer, listing that server. Yields `{"config",
+    "dataset", "manager", "server"}`."""
+    import ray
+
+    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray
+
+    config = compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        init_local_ray()
+    try:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(CPUPolicyServer(model_dir, script=script, env=env))
+            client = verl_llm_client(config, [f"{server.host}:{server.port}"])
+            manager = stack.enter_context(manager_over(config, client))
+            yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
     finally:
         if started_ray:
             ray.shutdown()

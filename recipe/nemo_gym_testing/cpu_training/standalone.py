@@ -94,13 +94,16 @@ class _Launcher:
 
 
 @contextlib.contextmanager
-def verl_rollout(config, *, script_file: str | Path | None = None) -> Iterator[Rollout]:
+def verl_rollout(
+    config, *, script_file: str | Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[Rollout]:
     """verl's vLLM rollout for `config` (composed with `standalone_overrides`); stopped on exit. `script_file`: a
-    `ScriptedPolicy` JSON the engine plays (needs `standalone_overrides(scripted=True)`)."""
+    `ScriptedPolicy` JSON the engine plays (needs `standalone_overrides(scripted=True)`); `env`: more environment
+    for the server actors (Ray merges a parent actor's `env_vars` into the actors it creates)."""
     import ray
     from verl.workers.rollout.llm_server import LLMServerClient
 
-    env = {SCRIPT_ENV: str(script_file)} if script_file is not None else {}
+    env = {**(env or {}), **({SCRIPT_ENV: str(script_file)} if script_file is not None else {})}
     launcher = ray.remote(_Launcher).options(num_cpus=0, runtime_env={"env_vars": env} if env else None).remote(config)
     servers: Sequence[Any] = ()
     try:

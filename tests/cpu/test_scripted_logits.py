@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The scripted-turn logits processor forces exactly the script's tokens, per batch row, as vLLM moves rows around.
+
+The processor is built as vLLM builds it (`vllm_config`, device, pin-memory flag) over the tiny model's tokenizer;
+vLLM's own `BatchUpdate` records drive it, and `apply` runs on a logits tensor of the vocabulary's width.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
+from recipe.nemo_gym_testing.cpu_training.scripted_logits import ScriptedLogitsProcessor
+
+VOCAB = 151669
+EOS = 151645
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_qwen3_dir())
+
+
+@pytest.fixture
+def processor(tmp_path, monkeypatch):
+    policy = ScriptedPolicy(
+        rules=[ScriptRule(name="hi", when=ScriptMatch(prompt_regex="say hi"), completion=ScriptCompletion(text="Hi!"))]
+    )
+    monkeypatch.setenv(SCRIPT_ENV, str(policy.to_file(tmp_path / "script.json")))
+    config = SimpleNamespace(model_config=SimpleNamespace(tokenizer=str(tiny_qwen3_dir())))
+    return ScriptedLogitsProcessor(config, torch.device("cpu"), False)
+
+
+def _update(added=(), removed=(), moved=(), size=2) -> BatchUpdate:
+    return BatchUpdate(batch_size=size, removed=list(removed), added=list(added), moved=list(moved))
+
+
+def _forced(processor, rows: int) -> list[int | None]:
+    """Per row: the one token left finite by `apply`, or None when the row is left alone."""
+    logits = processor.apply(torch.zeros(rows, VOCAB))
+    return [int(row.argmax()) if torch.isinf(row).sum() == VOCAB - 1 else None for row in logits]
+
+
+def test_a_matching_request_is_forced_token_by_token_then_left_alone(processor, tokenizer):
+    scripted = tokenizer.encode("Hi!", add_special_tokens=False) + [EOS]
+    output: list[int] = []
+    processor.update_state(_update(added=[(0, SamplingParams(), tokenizer.encode("please say hi"), output)], size=1))
+    seen = []
+    for _ in range(len(scripted) + 1):
+        (token,) = _forced(processor, 1)
+        seen.append(token)
+        if token is not None:
+            output.append(token)  # vLLM appends the sampled token to the live list
+    assert seen == [*scripted, None]
+
+
+def test_a_request_no_rule_matches_is_sampled_by_the_model(processor, tokenizer):
+    processor.update_state(_update(added=[(0, SamplingParams(), tokenizer.encode("say bye"), [])], size=1))
+    assert _forced(processor, 1) == [None]
+
+
+def test_rows_follow_their_requests_when_vllm_swaps_moves_and_removes_them(processor, tokenizer):
+    first = tokenizer.encode("Hi!", add_special_tokens=False)[0]
+    processor.update_state(
+        _update(added=[(0, SamplingParams(), tokenizer.encode("say hi"), []), (1, SamplingParams(), [1, 2], [])])
+    )
+    assert _forced(processor, 2) == [first, None]
+    processor.update_state(_update(moved=[(0, 1, MoveDirectionality.SWAP)]))
+    assert _forced(processor, 2) == [None, first]
+    processor.update_state(_update(moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)], size=1))
+    assert _forced(processor, 1) == [first]
+    processor.update_state(_update(removed=[0], size=0))
+    assert _forced(processor, 1) == [None]
