@@ -3,7 +3,9 @@
 
 vLLM 0.24 and verl 0.9.1 leave files behind after their processes are gone, on a clean exit too: vLLM's
 shared-memory ring buffers (`/dev/shm/psm_*`, about 400 MB per run on CPU), verl's weight-transfer buckets
-(`/dev/shm/verl_*`) and verl's colocated ZeroMQ sockets (`/tmp/rl-colocate-zmq-*.sock`, after a killed run). Nothing
+(`/dev/shm/verl_*`), the semaphores of joblib's loky pool that vLLM's engine processes create
+(`/dev/shm/sem.loky-*`, when they are killed) and verl's colocated ZeroMQ sockets (`/tmp/rl-colocate-zmq-*.sock`, after
+a killed run). Nothing
 of theirs removes them later; on a long-lived node they accumulate across jobs until `/dev/shm` is full.
 
 A job removes its own: a file of those kinds, created after the job started (`since`, a wall-clock time taken
@@ -24,7 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-PATTERNS = (("/dev/shm", "psm_*"), ("/dev/shm", "verl_*"), ("/tmp", "rl-colocate-zmq-*.sock"))
+PATTERNS = (
+    ("/dev/shm", "psm_*"),
+    ("/dev/shm", "verl_*"),
+    ("/dev/shm", "sem.loky-*"),
+    ("/tmp", "rl-colocate-zmq-*.sock"),
+)
 
 
 @dataclass(frozen=True)
@@ -34,9 +41,9 @@ class Candidate:
     """The file's change time (st_ctime), seconds since the epoch."""
 
 
-def orphans(candidates: Iterable[Candidate], held: set[str], since: float) -> list[str]:
-    """The candidates created at or after `since` that no process holds, sorted by path."""
-    return sorted(c.path for c in candidates if c.created >= since and c.path not in held)
+def orphans(candidates: Iterable[Candidate], held: set[str], since: float, until: float = float("inf")) -> list[str]:
+    """The candidates created from `since` to `until` that no process holds, sorted by path."""
+    return sorted(c.path for c in candidates if since <= c.created <= until and c.path not in held)
 
 
 def candidates(patterns=PATTERNS) -> list[Candidate]:

@@ -26,6 +26,7 @@ LONG_MODULES = (
     "test_manager_exit.py",
     "test_end_to_end.py",
     "test_reliability.py",
+    "test_multiturn_http.py",
     "test_server_patch.py",
     "test_example_environment.py",
 )

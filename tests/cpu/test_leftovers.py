@@ -19,6 +19,7 @@ def test_orphans_are_the_new_files_no_process_holds():
     ]
     held = {"/dev/shm/psm_held"}
     assert orphans(candidates, held, since=100.0) == ["/dev/shm/psm_new", "/tmp/rl-colocate-zmq-1.sock"]
+    assert orphans(candidates, held, since=100.0, until=120.0) == ["/dev/shm/psm_new"]
 
 
 def _segment(name: str) -> Path:

@@ -186,5 +186,4 @@ def test_no_shared_memory_segment_or_socket_of_the_runs_is_left(runs):
     *_, (started, ended) = runs
     # vLLM's ring buffers and verl's weight buckets (/dev/shm) and verl's colocated sockets (/tmp), created while the
     # runs ran and held by no process now (another test's live server may hold its own).
-    left = orphans(candidates(), held_paths(), since=started)
-    assert not [path for path in left if Path(path).stat().st_ctime <= ended], left
+    assert orphans(candidates(), held_paths(), since=started, until=ended) == []

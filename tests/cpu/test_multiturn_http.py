@@ -86,9 +86,10 @@ def _server_log(rollout) -> Path:
     import ray
 
     pid = ray.get(rollout.servers[0].__ray_call__.remote(lambda _actor: os.getpid()))
-    found = glob.glob(f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err")
+    pattern = f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err"
+    found = {os.path.realpath(path) for path in glob.glob(pattern)}  # session_latest links to a session
     assert len(found) == 1, found
-    return Path(found[0])
+    return Path(found.pop())
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from recipe.nemo_gym.leftovers import candidates, held_paths, orphans
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -475,6 +477,7 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         PROJECT_NAME="nemo_gym_slurm",
         EXPERIMENT_NAME="cpu_backend",
     )
+    started = time.time()
     record, log, left = submit_ray_job(
         slurm,
         tmp_path,
@@ -484,9 +487,13 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         timeout_s=1500,
         CONFIG_ENV=str(config),
     )
+    ended = time.time()
     failure = job_failure(record, log, slurm)
     print(f"job {record.get('JobId')}: {record.get('JobState')} after RunTime={record.get('RunTime')}")
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", failure
     assert "submit: training finished" in log, failure
     assert re.search(r"\bstep:1 - ", log), failure  # verl's console logger: one line per training step
     assert left == [], f"left running after the job (Ray, NeMo Gym or trainer processes): {left}"
+    # vLLM's shared-memory ring buffers and verl's buckets and sockets: the script's teardown removes the job's.
+    litter = orphans(candidates(), held_paths(), since=started, until=ended)
+    assert litter == [], f"left in /dev/shm or /tmp by the job: {litter}"

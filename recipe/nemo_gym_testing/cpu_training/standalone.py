@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recipe.nemo_gym.leftovers import remove_leftovers
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
 
@@ -106,6 +108,7 @@ def verl_rollout(
     env = {**(env or {}), **({SCRIPT_ENV: str(script_file)} if script_file is not None else {})}
     launcher = ray.remote(_Launcher).options(num_cpus=0, runtime_env={"env_vars": env} if env else None).remote(config)
     servers: Sequence[Any] = ()
+    started = time.time()
     try:
         balancer, addresses, servers = ray.get(launcher.parts.remote())
         yield Rollout(LLMServerClient(config, load_balancer_handle=balancer), addresses, list(servers))
@@ -113,3 +116,6 @@ def verl_rollout(
         for handle in [*servers, launcher]:  # the launcher owns the rest (load balancer, workers): they go with it
             with contextlib.suppress(Exception):
                 ray.kill(handle)
+        # vLLM's engine processes die with their actor and leave their shared memory behind (leftovers.py)
+        time.sleep(2.0)
+        remove_leftovers(started)
