@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from recipe.nemo_gym.leftovers import remove_leftovers
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
@@ -113,9 +115,22 @@ def verl_rollout(
         balancer, addresses, servers = ray.get(launcher.parts.remote())
         yield Rollout(LLMServerClient(config, load_balancer_handle=balancer), addresses, list(servers))
     finally:
+        engine_processes = _process_trees(servers)
         for handle in [*servers, launcher]:  # the launcher owns the rest (load balancer, workers): they go with it
             with contextlib.suppress(Exception):
                 ray.kill(handle)
-        # vLLM's engine processes die with their actor and leave their shared memory behind (leftovers.py)
-        time.sleep(2.0)
+        # vLLM's engine processes die with their actor (bounded wait) and leave their shared memory behind
+        psutil.wait_procs(engine_processes, timeout=30)
         remove_leftovers(started)
+
+
+def _process_trees(servers: Sequence[Any]) -> list[psutil.Process]:
+    """The server actors' processes and their descendants (vLLM's EngineCore and workers)."""
+    import ray
+
+    found = []
+    for handle in servers:
+        with contextlib.suppress(Exception):
+            process = psutil.Process(ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=10))
+            found += [process, *process.children(recursive=True)]
+    return found
