@@ -462,8 +462,10 @@ def stacks(tmp_path_factory):
 
 
 @pytest.fixture
-def verl_stack(tmp_path):
-    """A stack on verl's own vLLM rollout, for the test that kills its server (nothing else uses it)."""
+def verl_stack(stacks, tmp_path):
+    """A stack on verl's own vLLM rollout, for the test that kills its server (nothing else uses it). The shared
+    fault-injection stack is stopped first: NeMo Gym keeps one configuration per process."""
+    stacks.stop()
     model_dir = tiny_qwen3_dir()
     data = harness.write_jsonl(list(ROWS.values()), tmp_path / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(

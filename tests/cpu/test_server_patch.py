@@ -555,7 +555,9 @@ def test_install_refuses_a_vllm_without_a_known_chat_preprocessor_naming_the_ver
     def no_module(name):
         raise ModuleNotFoundError(name)
 
-    with pytest.raises(server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0 is not supported.*OnlineRenderer"):
+    with pytest.raises(
+        server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0(\+cpu)? is not supported.*OnlineRenderer"
+    ):
         server_patch.resolve_target(no_module)
 
 
@@ -577,7 +579,9 @@ def test_install_refuses_a_preprocess_chat_with_another_signature_naming_the_ver
             return types.SimpleNamespace(OpenAIServingRender=OldRender)
         raise ModuleNotFoundError(name)
 
-    with pytest.raises(server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0: .*without \['tool_dicts', 'parser'\]"):
+    with pytest.raises(
+        server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0(\+cpu)?: .*without \['tool_dicts', 'parser'\]"
+    ):
         server_patch.resolve_target(fake_import)
 
 
@@ -596,7 +600,8 @@ def test_install_refuses_a_renderer_without_the_template_only_step_naming_the_ve
         raise ModuleNotFoundError(name)
 
     with pytest.raises(
-        server_patch.UnsupportedVLLMError, match=r"vLLM 0\.24\.0: vllm\.renderers\.BaseRenderer\.render_messages_async"
+        server_patch.UnsupportedVLLMError,
+        match=r"vLLM 0\.24\.0(\+cpu)?: vllm\.renderers\.BaseRenderer\.render_messages_async",
     ):
         server_patch.resolve_target(fake_import)
 

