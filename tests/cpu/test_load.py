@@ -5,10 +5,12 @@ and no NeMo Gym or policy-server process left after the trainer fails.
 - The limits formula (`recipe/nemo_gym/limits.py`) is checked with exact values.
 - Load: `benchmarks/bench_load.py` runs in a child process (so its RLIMIT_NOFILE can be lowered before anything
   starts): the real manager (`NeMoGymAgentLoopManager.create`, verl's `LLMServerClient`), NeMo Gym's real
-  `math_with_judge` servers, and one CPU policy server (vLLM 0.24's OpenAI server, engine replaced) shared by the
-  runs. The child reports what it measured with psutil; the test reads that report and the servers' own logs.
-- Shutdown: a child creates the manager on its own CPU policy server and then raises, as a trainer step would;
-  the test finds every process by the process list (psutil), not by the child's word.
+  tool-calling example servers, and verl's own vLLM server (standalone rollout on vLLM's CPU build, the weather
+  episode scripted inside the engine) shared by the module's tests. The child reports what it measured with
+  psutil; the test reads that report and the servers' own logs.
+- Shutdown: a child creates the manager over that server and then raises, as a trainer step would, or is sent
+  SIGTERM; the test finds every process by the process list (psutil), not by the child's word. (The vLLM server's
+  own lifetime is verl's: `test_main_ppo` checks that nothing of the engine outlives a `main_ppo` run.)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -34,6 +37,9 @@ from recipe.nemo_gym.limits import (
     derive_connection_limits,
     server_soft_limit,
 )
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 from recipe.nemo_gym_testing.helpers import alive, free_port, nemo_gym_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,27 +123,42 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class Policy:
+    address: str  # "host:port" of verl's vLLM server
+    pid: int  # its `vLLMHttpServer` actor's process
+    log_path: Path  # that actor's stderr in Ray's logs
+    ray_address: str  # the local Ray it runs in, which the children join
+
+
 @pytest.fixture(scope="module")
-def policy():
-    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+def policy(tmp_path_factory):
+    """verl's vLLM server (one standalone replica on vLLM's CPU build) playing the weather episode."""
+    import ray
 
-    server = CPUPolicyServer(tiny_qwen3_dir(), script=bench.policy_for("weather")).start()
+    model_dir = tiny_qwen3_dir()
+    script = bench.policy_for("weather").to_file(tmp_path_factory.mktemp("policy") / "script.json")
+    overrides = harness.cpu_trainer_overrides(
+        model_dir, "/unused.yaml", prompt_length=1024, response_length=256, n=1, batch_size=1
+    )
+    config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True), *bench.POLICY_OVERRIDES])
+    ray_address = init_local_ray()
     try:
-        yield server
+        with verl_rollout(config, script_file=script) as rollout:
+            yield Policy(rollout.addresses[0], rollout.server_pid(), rollout.server_log(), ray_address)
     finally:
-        server.stop()
+        ray.shutdown()
 
 
-def _run_load(tmp: Path, ray_address: str, policy, nofile: int | None) -> dict:
+def _run_load(tmp: Path, policy: Policy, nofile: int | None) -> dict:
     out = tmp / "report.json"
     cmd = [sys.executable, str(BENCH), "--episodes", str(EPISODES), "--env", "weather", "--json", str(out)]
-    cmd += ["--policy-address", f"{policy.host}:{policy.port}", "--policy-pid", str(policy.proc.pid)]
-    cmd += ["--ray-address", ray_address, "--batch-s", "300"]
+    cmd += ["--policy-address", policy.address, "--policy-pid", str(policy.pid)]
+    cmd += ["--ray-address", policy.ray_address, "--batch-s", "600"]
     if nofile is not None:
         cmd += ["--nofile", str(nofile)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(), capture_output=True, text=True, timeout=480)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(), capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, f"bench_load failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     print(f"\n[bench_load nofile={nofile}, {time.monotonic() - t0:.0f} s in all]\n" + proc.stdout[-3000:])
     return json.loads(out.read_text())
@@ -157,8 +178,8 @@ def _expected_keys(soft: int, hard: int) -> dict:
 
 
 @pytest.mark.integration
-def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_limit(tmp_path, ray_address, policy):
-    report = _run_load(tmp_path, ray_address, policy, nofile=None)
+def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_limit(tmp_path, policy):
+    report = _run_load(tmp_path, policy, nofile=None)
     _assert_batch_complete(report)
     soft, hard = report["nofile"]
     expected = _expected_keys(soft, hard)
@@ -176,8 +197,8 @@ def test_512_concurrent_episodes_complete_with_connection_limits_from_the_file_l
 
 
 @pytest.mark.integration
-def test_with_a_1024_file_limit_the_derived_limits_queue_instead_of_failing(tmp_path, ray_address, policy):
-    report = _run_load(tmp_path, ray_address, policy, nofile=1024)
+def test_with_a_1024_file_limit_the_derived_limits_queue_instead_of_failing(tmp_path, policy):
+    report = _run_load(tmp_path, policy, nofile=1024)
     _assert_batch_complete(report)
     assert report["nofile"] == [1024, 1024]
     expected = _expected_keys(*report["nofile"])
@@ -186,7 +207,7 @@ def test_with_a_1024_file_limit_the_derived_limits_queue_instead_of_failing(tmp_
     assert report["manager_connector"] == {"limit": 384, "limit_per_host": 153}
     # The servers inherited the lowered limit and kept what NeMo Gym's set_ulimit could make of it ...
     servers_soft = server_soft_limit(*report["nofile"])
-    softs = {row["name"]: row["soft_nofile"] for row in report["processes"] if row["name"] != "cpu_policy_server"}
+    softs = {row["name"]: row["soft_nofile"] for row in report["processes"] if row["name"] != bench.POLICY_SERVER}
     assert softs.pop("manager") == 1024 and set(softs.values()) == {servers_soft}
     # ... and the episodes queued in the manager's connector: at most 153 to the one agent at a time.
     manager = next(row for row in report["processes"] if row["name"] == "manager")
@@ -203,49 +224,34 @@ import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
-tmp, ray_address, mode, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-model_dir = tiny_qwen3_dir()
+tmp, ray_address, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 config = harness.compose_verl_config(
     harness.cpu_trainer_overrides(
-        model_dir, tmp / "plugin.yaml", prompt_length=1024, response_length=256, n=1, batch_size=1
+        tiny_qwen3_dir(), tmp / "plugin.yaml", prompt_length=1024, response_length=256, n=1, batch_size=1
     )
 )
 ray.init(address=ray_address, log_to_driver=False)
-
-
-def trainer(address, policy_pid):
-    manager = NeMoGymAgentLoopManager.create(
-        config=config, llm_client=harness.verl_llm_client(config, [address]), teacher_client=None,
-        reward_loop_worker_handles=None,
-    )
-    (tmp / "ready.json").write_text(json.dumps({"policy_pid": policy_pid}))
-    while not (tmp / "raise_now").exists():
-        time.sleep(0.1)
-    raise RuntimeError("trainer step failed")  # as a failing training step would: nobody calls shutdown()
-
-
-if mode == "exception":
-    # The policy server plays verl's vLLM servers, which the trainer's Ray tears down; here its context does.
-    policy = ScriptedPolicy(rules=[ScriptRule(completion=ScriptCompletion(text="ok"))])
-    with CPUPolicyServer(model_dir, script=policy) as server:
-        trainer(f"{server.host}:{server.port}", server.proc.pid)
-else:
-    trainer(policy_address, None)
+manager = NeMoGymAgentLoopManager.create(
+    config=config, llm_client=harness.verl_llm_client(config, [policy_address]), teacher_client=None,
+    reward_loop_worker_handles=None,
+)
+(tmp / "ready").write_text("")
+while not (tmp / "raise_now").exists():
+    time.sleep(0.1)
+raise RuntimeError("trainer step failed")  # as a failing training step would: nobody calls shutdown()
 """
 
 
-def _start_trainer(tmp: Path, ray_address: str, mode: str, policy_address: str = "-"):
+def _start_trainer(tmp: Path, policy: Policy):
     head_port = free_port()
     env = bench.ENVIRONMENTS["weather"]
     bench.plugin_yaml(
         tmp / "plugin.yaml", env, head_port=head_port, log_dir=tmp / "logs", batch_s=60, default_limits=False
     )
     child = psutil.Popen(
-        [sys.executable, "-c", CHILD, str(tmp), ray_address, mode, policy_address],
+        [sys.executable, "-c", CHILD, str(tmp), policy.ray_address, policy.address],
         cwd=REPO_ROOT,
         env=_child_env(),
         stdout=subprocess.PIPE,
@@ -253,17 +259,17 @@ def _start_trainer(tmp: Path, ray_address: str, mode: str, policy_address: str =
         text=True,
     )
     deadline = time.monotonic() + 240
-    while not (tmp / "ready.json").exists():
+    while not (tmp / "ready").exists():
         if child.poll() is not None or time.monotonic() > deadline:
             child.kill()
             out, err = child.communicate(timeout=30)
             pytest.fail(f"the trainer child never got its manager up (rc {child.returncode}):\n{err[-6000:]}")
         time.sleep(0.2)
-    ready = json.loads((tmp / "ready.json").read_text())
     family = [p.pid for p in child.children(recursive=True)]
     servers = [p.pid for p in nemo_gym_processes(head_port)]
     assert len(servers) >= 3, servers  # model server, resources server, agent
-    return child, head_port, ready, family, servers
+    assert set(servers) <= set(family)
+    return child, head_port, family
 
 
 def _reap(child: psutil.Popen, pids) -> tuple[int, str]:
@@ -280,21 +286,19 @@ def _reap(child: psutil.Popen, pids) -> tuple[int, str]:
 
 
 @pytest.mark.integration
-def test_an_exception_in_the_trainer_leaves_no_nemo_gym_or_policy_server_process(tmp_path, ray_address):
-    child, head_port, ready, family, servers = _start_trainer(tmp_path, ray_address, "exception")
-    assert ready["policy_pid"] in family and set(servers) <= set(family)
+def test_an_exception_in_the_trainer_leaves_no_nemo_gym_process(tmp_path, policy):
+    child, head_port, family = _start_trainer(tmp_path, policy)
     (tmp_path / "raise_now").write_text("")
     code, err = _reap(child, family)
     assert code == 1 and "RuntimeError: trainer step failed" in err, err[-3000:]
     assert alive(family) == []
     assert nemo_gym_processes(head_port) == []
+    assert alive([policy.pid]) == [policy.pid]  # the policy server is verl's: the manager never stops it
 
 
 @pytest.mark.integration
-def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy):
-    child, head_port, _, family, servers = _start_trainer(
-        tmp_path, ray_address, "sigterm", policy_address=f"{policy.host}:{policy.port}"
-    )
+def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, policy):
+    child, head_port, family = _start_trainer(tmp_path, policy)
     child.send_signal(signal.SIGTERM)
     code, err = _reap(child, family)
     # The runtime's hook stopped the servers, then chained to the handler before it: Ray's driver handler, which

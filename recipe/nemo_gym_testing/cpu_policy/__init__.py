@@ -6,5 +6,5 @@
   rollout on CPU, as the integration tests drive it.
 - `server`, `engine`, `model_policy`: the hand-written CPU policy server (vLLM 0.24's own OpenAI app, engine
   replaced). It remains only for faults vLLM's real engine cannot be made to produce (a non-finite log-prob, an EOS
-  inside one generation: `test_reliability.py`) and, not yet moved to the real engine, the load test.
+  inside one generation: `test_reliability.py`'s fault-injection stack).
 """

@@ -24,6 +24,11 @@ Why each override (all checked against verl 0.9.1 on a 2-core machine without a 
   log-probs match the engine's), a small batch of sequences (vLLM's start-up warm-up runs one full batch through
   the sampler, 38 s at verl's default of 256 sequences, 9 s at 32), and small weight buckets (verl's 2 GiB default
   is one `/dev/shm` segment per sync; the CPU platform has no CUDA IPC, so verl syncs through shared memory).
+
+And one environment variable for Ray itself: `RAY_worker_niceness=0`. Ray starts its workers at nice 15 (where the
+driver is 0), which is harmless when the work is on GPUs; here the vLLM engine and the actor are Ray workers, and
+at nice 15 they got almost no CPU while any process outside Ray (NeMo Gym's servers, another job's trainer) was
+busy. Ray's node manager reads it when it starts (`ray start`, or `ray.init` starting a local Ray).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def cpu_env() -> dict[str, str]:
         "VERL_ENGINE_DEVICE": "cuda",
         "VERL_USE_EXTERNAL_MODULES": ",".join(EXTERNAL_MODULES),
         "TOKENIZERS_PARALLELISM": "false",
+        "RAY_worker_niceness": "0",
     }
 
 

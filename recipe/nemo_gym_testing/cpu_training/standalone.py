@@ -18,6 +18,7 @@ environment (`init_local_ray`).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -59,6 +60,9 @@ def init_local_ray(*, gpus: int = 1, num_cpus: int = 8, env: dict[str, str] | No
         **cpu_env(),
         "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
     }
+    # Read by Ray's node manager when it starts, from this process's environment (see `cpu_env`); the children
+    # this process starts later (a trainer joining this Ray, its own local Ray) inherit it as well.
+    os.environ["RAY_worker_niceness"] = env_vars["RAY_worker_niceness"]
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -82,6 +86,21 @@ class Rollout:
     @property
     def base_urls(self) -> list[str]:
         return [f"http://{address}/v1" for address in self.addresses]
+
+    def server_pid(self, replica: int = 0) -> int:
+        """The process ID of replica `replica`'s `vLLMHttpServer` actor (where vLLM's OpenAI server runs)."""
+        import ray
+
+        return ray.get(self.servers[replica].__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
+
+    def server_log(self, replica: int = 0) -> Path:
+        """That actor's stderr file in Ray's session logs (Ray names worker logs by process ID)."""
+        pid = self.server_pid(replica)
+        pattern = f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err"
+        found = {os.path.realpath(path) for path in glob.glob(pattern)}  # session_latest links to a session
+        if len(found) != 1:
+            raise FileNotFoundError(f"expected one Ray log of the server actor (pid {pid}), found {sorted(found)}")
+        return Path(found.pop())
 
 
 class _Launcher:
