@@ -6,10 +6,11 @@ Two layers:
   `probe_policy_server`, `run_examples_in_order`) on exact inputs, real sockets and error bodies captured from
   the running stack;
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
-  workplace servers. The batches with injected faults run against the hand-written CPU policy server (vLLM 0.24's
-  OpenAI app with the splice patch, engine replaced by a script): vLLM's real engine cannot be made to send a
-  non-finite log-prob or to go on generating after an EOS. The test that kills the policy server kills verl's own
-  vLLM server actor (standalone rollout on vLLM's CPU build, `cpu_training/standalone.py`) in a stack of its own.
+  workplace servers. The batches with injected faults (the failure budget's mixed batch) run against the
+  hand-written CPU policy server (vLLM 0.24's OpenAI app with the splice patch, engine replaced by a script): vLLM's
+  real engine cannot be made to send a non-finite log-prob or to go on generating after an EOS. Everything else
+  runs on verl's own vLLM rollout (standalone, on vLLM's CPU build, `cpu_training/standalone.py`): the unknown
+  agent, verl's `_validate`, and last the test that kills verl's vLLM server actor.
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """
@@ -38,7 +39,6 @@ from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
 from recipe.nemo_gym.splice.eos_splice import splice_prompt_ids
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row, workplace_row
 from recipe.nemo_gym_testing.results import synthetic_result
@@ -454,34 +454,47 @@ def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
-    """The module's fault-injection stacks (one start for the module)."""
+    """The module's two stacks, each started once for the module: `fault` on the hand-written CPU policy server (the
+    injected faults), `verl` on verl's own vLLM rollout (everything else). Only one runs at a time: NeMo Gym keeps one
+    configuration per process, so taking one stops the other."""
 
     @contextlib.contextmanager
-    def start():
+    def fault():
         model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability"))
         with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir)) as stack:
             yield stack
 
-    with SharedStack(start) as holder:
-        yield holder
+    @contextlib.contextmanager
+    def verl():
+        model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability-verl"))
+        # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
+        dev = {"VLLM_SERVER_DEV_MODE": "1"}
+        with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), server_env=dev) as stack:
+            yield stack
 
-
-@pytest.fixture
-def verl_stack(stacks, tmp_path):
-    """A stack on verl's own vLLM rollout, for the test that kills its server (nothing else uses it). The shared
-    fault-injection stack is stopped first: NeMo Gym keeps one configuration per process."""
-    stacks.stop()
-    model_dir, overrides, data = _stack_inputs(tmp_path)
-    # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
-    dev = {"VLLM_SERVER_DEV_MODE": "1"}
-    with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), server_env=dev) as stack:
-        yield stack
+    with SharedStack(fault) as fault_holder, SharedStack(verl) as verl_holder:
+        yield {"fault": fault_holder, "verl": verl_holder}
 
 
 @pytest.fixture
 def stack(stacks):
-    """The shared stack: no test kills anything in it."""
-    return stacks.shared()
+    """The shared fault-injection stack: no test kills anything in it."""
+    stacks["verl"].stop()
+    return stacks["fault"].shared()
+
+
+@pytest.fixture
+def verl_stack(stacks):
+    """The shared stack on verl's vLLM rollout."""
+    stacks["fault"].stop()
+    return stacks["verl"].shared()
+
+
+@pytest.fixture
+def own_verl_stack(stacks):
+    """The stack on verl's vLLM rollout, for a test that kills its server (no test uses it after)."""
+    stacks["fault"].stop()
+    return stacks["verl"].own()
 
 
 def _batch(stack, names):
@@ -492,15 +505,16 @@ def _batch(stack, names):
 @pytest.fixture
 def below_budget(stacks, stack):
     """The mixed batch with a budget it stays under: 5 of 8 rows fail, 6 may (run once per started stack)."""
-    if "below_budget" not in stacks.cache:
+    cache = stacks["fault"].cache
+    if "below_budget" not in cache:
         manager = stack["manager"]
         manager.budget = FailureBudget(0.75)
         try:
             output = manager.generate_sequences(_batch(stack, MIXED))
         finally:
             manager.budget = FailureBudget(manager.plugin_config.failures.max_fraction)
-        stacks.cache["below_budget"] = output, list(manager.last_results), manager.last_stats
-    return stacks.cache["below_budget"]
+        cache["below_budget"] = output, list(manager.last_results), manager.last_stats
+    return cache["below_budget"]
 
 
 @pytest.mark.integration
@@ -574,15 +588,29 @@ def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, 
     assert lines[1] == "First failures:" and len(lines) == 7
 
 
-def _chat_requests(server: CPUPolicyServer) -> int:
-    return server.log_path.read_text(errors="replace").count("POST /v1/chat/completions")
+def _chat_requests(stack) -> int:
+    """Chat requests verl's vLLM server has answered, whatever the status: vLLM's own `http_requests_total` counter
+    (its Prometheus instrumentation of every route) at `/metrics`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{stack['rollout'].addresses[0]}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return round(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("http_requests_total{") and 'handler="/v1/chat/completions"' in line
+        )
+    )
 
 
 @pytest.mark.integration
-def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(stack, below_budget):
-    manager, server = stack["manager"], stack["server"]
-    sent_before = _chat_requests(server)
-    assert sent_before > 0  # the policy server logs every chat request it gets
+def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(verl_stack):
+    stack = verl_stack
+    manager = stack["manager"]
+    manager.generate_sequences(_batch(stack, ["good_math"]))
+    sent_before = _chat_requests(stack)
+    assert sent_before > 0  # the counter counts this stack's requests
     with pytest.raises(ValueError) as err:
         manager.generate_sequences(_batch(stack, ["good_math", "unknown_agent", "good_math_2"]))
     message = str(err.value)
@@ -593,20 +621,21 @@ def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_ru
     assert message.startswith("1 of 3 rows cannot run on the agents of ")
     assert f"'{MATH}', '{WORKPLACE}'" in message and "nothing was sent" in message
     time.sleep(0.5)
-    assert _chat_requests(server) == sent_before
+    assert _chat_requests(stack) == sent_before
     output = manager.generate_sequences(_batch(stack, ["good_math", "good_math_2"]))
     assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0]
-    assert _chat_requests(server) == sent_before + 2
+    assert _chat_requests(stack) == sent_before + 2
 
 
 @pytest.mark.integration
-def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(stack):
+def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(verl_stack):
     """verl's own `_validate` over three rows, one of which fails: one failure of three is within the default 5%
     budget (rounded up to one episode), the five padded rows send nothing, and the failure reaches val-aux."""
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    manager, server = stack["manager"], stack["server"]
+    stack = verl_stack
+    manager = stack["manager"]
     names = ["good_math", "over_prompt_length", "good_math_2"]
     trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only what _validate reads
     trainer.config = stack["config"]
@@ -615,23 +644,23 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
     trainer.async_rollout_manager = manager
     trainer.use_rm = False
     trainer.global_steps = 1
-    sent_before = _chat_requests(server)
+    sent_before = _chat_requests(stack)
     metrics = trainer._validate()
     time.sleep(0.5)
-    assert _chat_requests(server) - sent_before == 3  # 3 real rows; verl padded the batch to 8
+    assert _chat_requests(stack) - sent_before == 3  # 3 real rows; verl padded the batch to 8
     assert len(manager.last_results) == 3
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / 3)
     assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
 
 
 @pytest.mark.integration
-def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(verl_stack):
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_verl_stack):
     """Kills verl's vLLM server actor. Requests wait on a live, paused server; then it dies."""
     import urllib.request
 
     import ray
 
-    stack = verl_stack
+    stack = own_verl_stack
     manager, rollout = stack["manager"], stack["rollout"]
     url = rollout.base_urls[0]
     request = urllib.request.Request(f"http://{rollout.addresses[0]}/pause?mode=keep", method="POST")
