@@ -4,10 +4,11 @@
     python -m recipe.nemo_gym_testing.demo [--steps N] [--out DIR]
 
 Embedded default: the tiny random-weight Qwen3 model (real Qwen3 tokenizer and chat template) trained with GRPO
-for a few steps on a blend of NeMo Gym's math and workplace-assistant environments and this repository's
-example environment `uppercase_share` (graded reward: the share of capital letters in the answer, which a
-random model can improve on within a few steps, unlike math and workplace where it scores 0). Validation runs
-before training, a checkpoint is written at the end. verl, Ray, FSDP, verl's vLLM rollout with vLLM's engine (its
+for a few steps on a blend of NeMo Gym's math environment and this repository's example environment
+`uppercase_share` (graded reward: the share of capital letters in the answer, which a random model can improve on
+within a few steps, unlike math where it scores 0), validated before training on the whole blend of
+`demo_blend.yaml`: math, NeMo Gym's multi-turn workplace assistant and uppercase_share. A checkpoint is written at
+the end. verl, Ray, FSDP, verl's vLLM rollout with vLLM's engine (its
 CPU build), NeMo Gym's servers and the manager are the real ones.
 
 The console shows one line per step (reward per environment, loss, failures, rollout and packing time) and the
@@ -35,14 +36,16 @@ UPPERCASE_ROWS = REPO_ROOT / "resources_servers" / "uppercase_share" / "data" / 
 WORKPLACE_TOOLS = ("company_directory_find_email_address", "email_search_emails", "email_reply_email")
 
 
-def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
-    """NeMo Gym's shipped math and workplace example rows (with `agent_ref`) and our uppercase_share rows."""
+def demo_rows(uppercase_rows: int, *, workplace: bool) -> list[dict]:
+    """NeMo Gym's shipped math example rows, its workplace example rows if `workplace` (with `agent_ref`), and the
+    first `uppercase_rows` of our uppercase_share rows."""
     from recipe.nemo_gym_testing.cpu_policy import harness
 
+    agents = ["math_with_judge_simple_agent"] + (["workplace_assistant_simple_agent"] if workplace else [])
     rows = [
         harness.with_tools(row, WORKPLACE_TOOLS) if row["agent_ref"]["name"].startswith("workplace") else row
-        for row in harness.example_rows()
-    ] * repeats_of_examples
+        for row in harness.example_rows(agents)
+    ]
     lines = [line for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
     rows += [json.loads(line) for line in lines[:uppercase_rows]]
     return rows
@@ -50,7 +53,7 @@ def demo_rows(uppercase_rows: int, repeats_of_examples: int = 1) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=8, help="GRPO steps")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "demo")
     args = parser.parse_args(argv)
 
@@ -61,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("The policy is a tiny random-weight Qwen3 model trained on CPU (real tokenizer and chat template):")
     print("it scores 0 on math and workplace; uppercase_share's graded reward is the one that can rise.", flush=True)
-    # Mostly uppercase_share rows: math and workplace groups score 0 with this model and add no signal.
-    train = harness.write_jsonl(demo_rows(uppercase_rows=32), out / "train.jsonl")
-    val = harness.write_jsonl(demo_rows(uppercase_rows=4), out / "val.jsonl")
+    # Training: 32 uppercase_share rows and NeMo Gym's 5 math rows, so 7 of a step's 8 prompts are, on average, ones
+    # this model can learn from (a math group scores 0 in every sample: no advantage). The workplace rows are
+    # validated, not trained: they too score 0 here, and at ~590 prompt tokens each (the uppercase prompts have ~25)
+    # they were about 70% of a step's actor compute. With micro-batches of one sequence verl's actor computes each
+    # sequence at its own length, so the prompt length of 768 the validation rows need costs the training rows nothing.
+    train = harness.write_jsonl(demo_rows(uppercase_rows=32, workplace=False), out / "train.jsonl")
+    val = harness.write_jsonl(demo_rows(uppercase_rows=4, workplace=True), out / "val.jsonl")
     spec = JobSpec(
         out_dir=out,
         model_dir=Path(tiny_qwen3_dir()),

@@ -4,22 +4,49 @@
 from __future__ import annotations
 
 import mmap
+import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from recipe.nemo_gym.leftovers import Candidate, orphans, remove_leftovers
+from recipe.nemo_gym.leftovers import Candidate, Held, maps_file_ids, orphans, remove_leftovers, unix_socket_paths
 
 
 def test_orphans_are_the_new_files_no_process_holds():
     candidates = [
-        Candidate("/dev/shm/psm_new", created=100.0),
-        Candidate("/dev/shm/psm_held", created=100.0),
-        Candidate("/dev/shm/psm_old", created=99.0),
-        Candidate("/tmp/rl-colocate-zmq-1.sock", created=150.0),
+        Candidate("/dev/shm/psm_new", created=100.0, file_id=(27, 1)),
+        Candidate("/dev/shm/psm_held", created=100.0, file_id=(27, 2)),
+        Candidate("/dev/shm/sem.loky-7-ab", created=100.0, file_id=(27, 3)),  # held under another (deleted) name
+        Candidate("/dev/shm/psm_old", created=99.0, file_id=(27, 4)),
+        Candidate("/tmp/rl-colocate-zmq-1.sock", created=150.0, file_id=(2049, 5)),
+        Candidate("/tmp/rl-colocate-zmq-2.sock", created=150.0, file_id=(2049, 6)),  # a live listener's file
     ]
-    held = {"/dev/shm/psm_held"}
+    held = Held(files=frozenset({(27, 2), (27, 3)}), socket_paths=frozenset({"/tmp/rl-colocate-zmq-2.sock"}))
     assert orphans(candidates, held, since=100.0) == ["/dev/shm/psm_new", "/tmp/rl-colocate-zmq-1.sock"]
     assert orphans(candidates, held, since=100.0, until=120.0) == ["/dev/shm/psm_new"]
+    assert orphans(candidates, Held(), since=0.0) == sorted(c.path for c in candidates)
+
+
+def test_maps_are_read_by_device_and_inode_whatever_the_name():
+    maps = (
+        "7fbece443000-7fbece444000 rw-s 00000000 00:1b 121                        /dev/shm/sem.N7XI0j (deleted)\n"
+        "7fbece445000-7fbece446000 r--p 00000000 08:01 5512                       /usr/lib/libc.so.6\n"
+        "7ffd1c9a5000-7ffd1c9c6000 rw-p 00000000 00:00 0                          [stack]\n"
+        "7ffd1c9c7000-7ffd1c9c8000 rw-p 00000000 00:00 0\n"
+    )
+    assert maps_file_ids(maps) == {(os.makedev(0, 0x1B), 121), (os.makedev(8, 1), 5512)}
+
+
+def test_bound_unix_socket_paths_are_read_from_proc_net_unix():
+    text = (
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 31337 /tmp/rl-colocate-zmq-9.sock\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 31338 @/tmp/.X11-unix/X0\n"
+        "0000000000000000: 00000003 00000000 00000000 0001 03 31339\n"
+    )
+    assert unix_socket_paths(text) == {"/tmp/rl-colocate-zmq-9.sock"}
 
 
 def _segment(name: str) -> Path:
@@ -45,3 +72,35 @@ def test_remove_leftovers_takes_a_dropped_segment_and_keeps_a_mapped_one_and_an_
             mapped.unlink()
             older.unlink()
             dropped.unlink(missing_ok=True)
+
+
+LIVE_SEMAPHORE = """
+import os, sys, multiprocessing
+import joblib.externals.loky.backend  # as in vLLM's processes: every multiprocessing semaphore is named loky-*
+lock = multiprocessing.get_context("spawn").Lock()  # what vLLM's EngineCore makes for a worker it spawns
+print(next(n for n in os.listdir("/dev/shm") if n.startswith(f"sem.loky-{os.getpid()}-")), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_semaphore_and_a_live_socket_created_after_the_job_started_are_kept():
+    since = time.time() - 1.0
+    child = subprocess.Popen(
+        [sys.executable, "-c", LIVE_SEMAPHORE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    sock_path = Path(f"/tmp/rl-colocate-zmq-test-{time.time_ns()}.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        semaphore = Path("/dev/shm") / child.stdout.readline().strip()
+        listener.bind(str(sock_path))
+        listener.listen()
+        assert semaphore.name.startswith("sem.loky-") and semaphore.exists()
+        removed = remove_leftovers(since)
+        assert str(semaphore) not in removed and semaphore.exists()
+        assert str(sock_path) not in removed and sock_path.exists()
+        listener.close()  # the file stays after the socket is gone: now it is litter
+        assert str(sock_path) in remove_leftovers(since) and not sock_path.exists()
+    finally:
+        listener.close()
+        sock_path.unlink(missing_ok=True)
+        child.communicate(input="", timeout=30)

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.leftovers import candidates, held_paths, orphans
+from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
@@ -186,4 +186,4 @@ def test_no_shared_memory_segment_or_socket_of_the_runs_is_left(runs):
     *_, (started, ended) = runs
     # vLLM's ring buffers and verl's weight buckets (/dev/shm) and verl's colocated sockets (/tmp), created while the
     # runs ran and held by no process now (another test's live server may hold its own).
-    assert orphans(candidates(), held_paths(), since=started, until=ended) == []
+    assert orphans(candidates(), held_files(), since=started, until=ended) == []

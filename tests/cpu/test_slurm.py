@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.leftovers import candidates, held_paths, orphans
+from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 
 pytestmark = pytest.mark.integration
 
@@ -495,5 +495,5 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
     assert re.search(r"\bstep:1 - ", log), failure  # verl's console logger: one line per training step
     assert left == [], f"left running after the job (Ray, NeMo Gym or trainer processes): {left}"
     # vLLM's shared-memory ring buffers and verl's buckets and sockets: the script's teardown removes the job's.
-    litter = orphans(candidates(), held_paths(), since=started, until=ended)
+    litter = orphans(candidates(), held_files(), since=started, until=ended)
     assert litter == [], f"left in /dev/shm or /tmp by the job: {litter}"

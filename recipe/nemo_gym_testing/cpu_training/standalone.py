@@ -89,9 +89,7 @@ class Rollout:
 
     def server_pid(self, replica: int = 0) -> int:
         """The process ID of replica `replica`'s `vLLMHttpServer` actor (where vLLM's OpenAI server runs)."""
-        import ray
-
-        return ray.get(self.servers[replica].__ray_call__.remote(lambda _actor: os.getpid()), timeout=30)
+        return _actor_pid(self.servers[replica], timeout_s=30)
 
     def server_log(self, replica: int = 0) -> Path:
         """That actor's stderr file in Ray's session logs (Ray names worker logs by process ID)."""
@@ -143,13 +141,18 @@ def verl_rollout(
         remove_leftovers(started)
 
 
-def _process_trees(servers: Sequence[Any]) -> list[psutil.Process]:
-    """The server actors' processes and their descendants (vLLM's EngineCore and workers)."""
+def _actor_pid(handle: Any, timeout_s: float) -> int:
+    """The process ID of a Ray actor, asked of the actor itself."""
     import ray
 
+    return ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=timeout_s)
+
+
+def _process_trees(servers: Sequence[Any]) -> list[psutil.Process]:
+    """The server actors' processes and their descendants (vLLM's EngineCore and workers)."""
     found = []
     for handle in servers:
         with contextlib.suppress(Exception):
-            process = psutil.Process(ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()), timeout=10))
+            process = psutil.Process(_actor_pid(handle, timeout_s=10))
             found += [process, *process.children(recursive=True)]
     return found
