@@ -3,10 +3,10 @@
 
 vLLM 0.24 and verl 0.9.1 leave files behind after their processes are gone, on a clean exit too: vLLM's
 shared-memory ring buffers (`/dev/shm/psm_*`, about 400 MB per run on CPU), verl's weight-transfer buckets
-(`/dev/shm/verl_*`), the semaphores of joblib's loky pool that vLLM's engine processes create
-(`/dev/shm/sem.loky-*`, when they are killed) and verl's colocated ZeroMQ sockets (`/tmp/rl-colocate-zmq-*.sock`, after
-a killed run). Nothing
-of theirs removes them later; on a long-lived node they accumulate across jobs until `/dev/shm` is full.
+(`/dev/shm/verl_*`), the `multiprocessing` semaphores of vLLM's engine processes (`/dev/shm/sem.loky-*`: loky renames
+them; left when the processes are killed) and verl's colocated ZeroMQ sockets (`/tmp/rl-colocate-zmq-*.sock`, after a
+killed run). Nothing of theirs removes them later; on a long-lived node they accumulate across jobs until `/dev/shm`
+is full.
 
 A job removes its own: a file of those kinds, created after the job started (`since`, a wall-clock time taken
 before the job's first process), that no live process holds open or mapped, or listens on. A file held by a running
