@@ -19,9 +19,10 @@ import random
 import pytest
 
 # Slowest first (minutes each on a 2-core machine: trainer runs, Slurm jobs, load tests, stacks of servers), so that
-# the two workers, each taking the next module when it is free, end close together. Measured module times
-# (2026-11-25, `--durations`, two workers): load 673 s, main_ppo 550, slurm 435, manager_exit 351, reliability 305,
-# end_to_end 295, multiturn_http 180, gym_runtime 85, server_patch 80, template_matrix 70.
+# the two workers, each taking the next module when it is free, end close together. Measured (2026-11-25, the 40
+# slowest test phases of a passing `./run_tests.sh --durations=40`, summed by module): main_ppo 758 s, load 622,
+# slurm 426, manager_exit 295, reliability 225, end_to_end 205, multiturn_http 137, server_patch 89, gym_runtime 89,
+# template_matrix 61, cpu_policy_server 49, example_environment 38. The first two start together, one per worker.
 LONG_MODULES = (
     "test_load.py",
     "test_main_ppo.py",
