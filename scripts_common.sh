@@ -234,6 +234,11 @@ EOF
         ng_die "the environment $VENV does not hold the pinned stack: $report." \
             "Install it with UV_SYNC=1 (uv sync --frozen from $REPO_DIR/uv.lock)"
     fi
+    # NeMo Gym runs from an environment of its own (Python 3.13, built by ./setup.sh as .venv-gym), which the
+    # trainer finds as nemo_gym.environment in the plugin YAML, else $NEMO_GYM_ENV, else $REPO_DIR/.venv-gym.
+    report=$(PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.gym.environment ${NEMO_GYM_ENV:+"$NEMO_GYM_ENV"} 2>&1) ||
+        ng_die "NeMo Gym's environment cannot run: $report"
+    ng_log "NeMo Gym: $report"
 }
 
 # Fill NG_OVERRIDES with every verl override of this job: first the ones that plug the recipe into verl (trainer,

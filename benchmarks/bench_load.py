@@ -13,8 +13,8 @@ While the batch runs, a thread samples `psutil.Process.num_fds()` of this proces
 Gym server process and of the policy server (verl's `vLLMHttpServer` actor), every `--sample-interval-s`.
 Reported: episodes/s (batch wall time), start-up time, the peak FD count of each process next to that process's
 own soft RLIMIT_NOFILE, the connector limits NeMo Gym's servers were given (read from their environment, where NeMo
-Gym puts its whole config) and the one this process's NeMo Gym client uses, failures, rewards, and any "Too many
-open files" in the servers' logs.
+Gym puts its whole config) and the one this process's client (the runtime's, which posts the rows) uses, the Gym
+release, failures, rewards, and any "Too many open files" in the servers' logs.
 
 `--nofile N` sets this process's RLIMIT_NOFILE to N, soft and hard, before anything starts (the NeMo Gym
 servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
@@ -304,7 +304,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["startup_s"] = time.perf_counter() - t0
             # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
             report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
-            server_pids = manager._runtime.pids()  # noqa: SLF001 - the benchmark measures the servers' own processes
+            runtime = manager._runtime  # noqa: SLF001 - the benchmark measures the servers' own processes
+            servers = {s.name for s in runtime.servers}
+            server_pids = {pid: name for pid, name in runtime.pids().items() if name in servers}  # not Gym's Ray
+            report["gym_version"] = runtime.version
             _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
             watched = {psutil.Process().pid: "manager", **server_pids}
             if policy_pid:
@@ -316,9 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results = manager.last_results
             rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
             expected = [expected_reward(args.env, row) for row in rows]
-            from nemo_gym.server_utils import get_global_aiohttp_client
-
-            connector = get_global_aiohttp_client().connector
+            connector = runtime._session.connector  # noqa: SLF001 - the client the rows were posted on
             report.update(
                 {
                     "batch_wall_s": wall,

@@ -7,8 +7,10 @@ and created with verl's own call `create(config=, llm_client=, teacher_client=, 
 
 Contract with verl (see the README, "How it works"):
 - `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
-  servers verl already launched and the model name they serve, and starts NeMo Gym's servers (offline, on the
-  trainer's Ray) within `timeouts.startup_s`. Any failure stops everything it started and raises.
+  servers verl already launched and the model name they serve, and starts NeMo Gym from its own Python
+  environment (`nemo_gym.environment`) as a process tree of its own, offline, with its own Ray, within
+  `timeouts.startup_s` (`gym/launch.py`). This process imports no NeMo Gym module: it speaks to Gym over HTTP.
+  Any failure stops everything it started and raises.
 - `generate_sequences(prompts)` takes verl's batch (non-tensor rows from `NeMoGymJSONLDataset`, each prompt
   repeated `rollout.n` times) and returns a `DataProto` of the same length and row order: `prompts`,
   `responses`, `response_mask` (1 only on policy-generated tokens), `input_ids`, `attention_mask`,
@@ -24,7 +26,7 @@ Contract with verl (see the README, "How it works"):
 - The batch is bounded by `timeouts.batch_s`, and the servers are health-checked while it waits: a dead server
   or an expired deadline raises `RolloutAborted` naming the server or the pending count. Episodes that fail
   alone are masked and counted (`failures.py`); past `failures.max_fraction` the step fails with a summary.
-- All NeMo Gym calls run on one event loop this manager owns (NeMo Gym's aiohttp session is bound to the loop
+- All NeMo Gym calls run on one event loop this manager owns (the runtime's aiohttp session is bound to the loop
   it was made on, and verl's `create` runs on a loop that is closed right after). It is the only `BackgroundLoop`
   in production: `GymRuntime` borrows it, and its `collect` is awaited on it (`generate_sequences`).
 
@@ -134,7 +136,14 @@ class NeMoGymAgentLoopManager:
             self.shutdown()
             raise
         self.agent_names = self._runtime.agent_names
-        logger.info("NeMo Gym ready: agents %s; policy %s at %s", sorted(self.agent_names), model_name, base_urls)
+        logger.warning(
+            "NeMo Gym %s ready in %.0f s: agents %s; policy %s at %s",
+            self._runtime.version,
+            self._runtime.startup_s or 0.0,
+            sorted(self.agent_names),
+            model_name,
+            base_urls,
+        )
 
     def shutdown(self) -> None:
         """Stop every NeMo Gym server and the event loop; idempotent."""

@@ -5,9 +5,11 @@ Contract:
 - `${VAR}` / `$VAR` in any string value is expanded from the environment; a variable that is not set is an
   error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
 - Unknown keys are rejected by name, at start-up, before any server starts.
+- NeMo Gym runs from its own Python environment (`nemo_gym.environment`; unset: `$NEMO_GYM_ENV`, else the
+  `.venv-gym` that `./setup.sh` builds), as a process tree of its own; see `gym/environment.py`.
 - NeMo Gym config paths are relative to `nemo_gym.root` when it is set; otherwise they resolve as NeMo Gym
-  resolves them, against the current directory first, then the directory holding the installed `nemo_gym`
-  package (site-packages), so a pip-installed NeMo Gym needs no clone.
+  resolves them, against the current directory first, then the directory holding the `nemo_gym` package of
+  Gym's environment (its site-packages), so a pip-installed NeMo Gym needs no clone.
 - Every default and every rule of a setting lives here; the runtime's spec (`gym.spec.GymServersSpec`) takes its
   defaults from these models and checks its values with them.
 
@@ -51,6 +53,9 @@ class HeadServer(_Strict):
 
 
 class NeMoGymSection(_Strict):
+    environment: Path | None = None
+    """The Python environment NeMo Gym runs from (a venv folder or its Python). Unset: `$NEMO_GYM_ENV`, else
+    `<repository>/.venv-gym`. Its nemo-gym release (0.4.x or 0.7.x) is read from it at start-up."""
     root: Path | None = None
     """NeMo Gym's root; relative `config_paths` resolve against it. Unset: NeMo Gym's own rule (the current
     directory, then the installed package's parent)."""
@@ -74,7 +79,7 @@ class NeMoGymSection(_Strict):
         from recipe.nemo_gym.gym.seams import nemo_gym_install_root
 
         try:
-            return nemo_gym_install_root()
+            return nemo_gym_install_root(self.environment)
         except GymConfigError as e:
             raise ConfigError(f"nemo_gym.root is not set and {e}") from e
 
@@ -91,7 +96,7 @@ class NeMoGymSection(_Strict):
         from recipe.nemo_gym.gym.seams import check_config_paths, nemo_gym_install_root
 
         try:
-            return check_config_paths(self.rooted_config_paths(), Path.cwd(), nemo_gym_install_root())
+            return check_config_paths(self.rooted_config_paths(), Path.cwd(), nemo_gym_install_root(self.environment))
         except GymConfigError as e:
             raise ConfigError(f"nemo_gym.config_paths: {e}") from e
 

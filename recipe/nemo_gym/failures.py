@@ -14,6 +14,11 @@ Two kinds of cause:
   turns, missing generation IDs, a non-finite log-prob, a reward that is not a number, a prompt that
   does not fit the context).
 
+NeMo Gym 0.6+ also reports failures itself, on rows that come back with HTTP 200: `_ng_failure_class` (with
+`_ng_failure_type`, `_ng_failure_message`, ...) is ENVIRONMENT_FAILED (infrastructure) or, for a row its
+dispatch budget drained, CANCELLED (infrastructure); a row marked `mask_sample` is MASKED_BY_ENVIRONMENT (data).
+Such rows carry no reward to train on, so they are masked like every other failure, never scored 0 and trained.
+
 A dead server or a batch that outlives its deadline is not an episode failure: it fails the whole step
 (`RolloutAborted`), because every pending episode is lost with it.
 """
@@ -39,10 +44,14 @@ class FailureCause(enum.StrEnum):
     NON_FINITE_LOGPROB = "non_finite_logprob"
     BAD_REWARD = "bad_reward"
     PROMPT_TOO_LONG = "prompt_too_long"
+    ENVIRONMENT_FAILED = "environment_failed"
+    CANCELLED = "cancelled"
+    MASKED_BY_ENVIRONMENT = "masked_by_environment"
 
     @property
     def kind(self) -> FailureKind:
-        return FailureKind.INFRASTRUCTURE if self is FailureCause.SERVER_ERROR else FailureKind.DATA
+        infrastructure = (FailureCause.SERVER_ERROR, FailureCause.ENVIRONMENT_FAILED, FailureCause.CANCELLED)
+        return FailureKind.INFRASTRUCTURE if self in infrastructure else FailureKind.DATA
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The names of the token data NeMo Gym's training model server attaches to each model call (NeMo Gym 0.4.0).
+"""The names of the token data NeMo Gym's training model server attaches to each model call (0.4.0 to 0.7.0).
 
 With `return_token_id_information: true`, `vllm_model` puts these three fields on the assistant output item of
 every model call, and sends them back on that message in the next call's history. Packing reads them from a

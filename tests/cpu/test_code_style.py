@@ -36,3 +36,11 @@ def test_every_source_file_names_the_pyproject_licence_in_an_spdx_header():
         name for name in listed if (REPO / name).is_file() and header not in (REPO / name).read_text().splitlines()[:3]
     ]
     assert listed and not missing, f"files without {header!r} in their first lines: {missing}"
+
+
+def test_the_plugin_imports_no_nemo_gym_module():
+    # NeMo Gym runs in its own Python (3.13 for Gym 0.5+) as a process tree of its own; the plugin speaks HTTP to it.
+    found = subprocess.run(
+        ["grep", "-rnE", r"^\s*(import|from) nemo_gym", "recipe/nemo_gym"], cwd=REPO, capture_output=True, text=True
+    )
+    assert found.returncode == 1 and found.stdout == "", found.stdout

@@ -61,3 +61,40 @@ def test_budget_rejects_fractions_outside_zero_to_one():
     for bad in (-0.01, 1.01):
         with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
             FailureBudget(bad)
+
+
+# ---------------------------------------------------------------------- failures NeMo Gym reports on a row
+
+
+def test_gym_failure_rows_become_typed_failures_with_their_details():
+    from recipe.nemo_gym.gym.outcomes import reported_failure
+
+    failed = {
+        "_ng_failure_class": "environment_server_failed",
+        "_ng_failure_type": "ClientResponseError",
+        "_ng_failure_message": "500, message='Internal Server Error'",
+        "_ng_failure_http_status": 500,
+        "_ng_failure_response_body": "not shown",
+        "reward": 0.0,  # a failure row's reward is no reward: never trained as 0
+    }
+    assert reported_failure(3, "math_environment_server", failed) == EpisodeFailure(
+        FailureCause.ENVIRONMENT_FAILED,
+        "'math_environment_server' /run reported failure class 'environment_server_failed' (type=ClientResponseError, "
+        "message=500, message='Internal Server Error', http_status=500)",
+        row=3,
+    )
+    assert reported_failure(0, "env", {"_ng_failure_class": "cancelled", "_ng_failure_message": ""}) == EpisodeFailure(
+        FailureCause.CANCELLED, "'env' /run reported failure class 'cancelled'", row=0
+    )
+    assert reported_failure(1, "env", {"mask_sample": True, "reward": 1.0}) == EpisodeFailure(
+        FailureCause.MASKED_BY_ENVIRONMENT,
+        "'env' /run marked the episode mask_sample (the environment asks not to train on it)",
+        row=1,
+    )
+    assert reported_failure(2, "env", {"mask_sample": False, "_ng_failure_class": None, "reward": 1.0}) is None
+
+
+def test_gym_reported_failures_are_infrastructure_except_an_environments_own_mask():
+    assert FailureCause.ENVIRONMENT_FAILED.kind.value == "infrastructure"
+    assert FailureCause.CANCELLED.kind.value == "infrastructure"
+    assert FailureCause.MASKED_BY_ENVIRONMENT.kind.value == "data"

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""NeMo Gym 0.4.0's real servers under GymRuntime: start, readiness, health, ordered rollouts, shutdown.
+"""NeMo Gym's real servers under GymRuntime, out of process: start, readiness, health, ordered rollouts, shutdown.
 
-The servers are the installed wheel's own (`workplace_assistant`, `math_with_judge` with the judge off, their
-`simple_agent`s, the training `vllm_model`), on a local Ray started here. The one stand-in is the policy: a
-small HTTP server that answers `/v1/chat/completions` and `/tokenize` the way verl's vLLM server does (the part
-that cannot run on this machine), steered per request by markers in the prompt (answer, delay, HTTP 500, hang).
+The servers are those of the Gym environment the plugin runs (`.venv-gym`, Gym 0.7, unless `NEMO_GYM_ENV` names
+another: the suite runs this module on 0.4.0 too): `workplace_assistant`, `math_with_judge` with the judge off,
+their `simple_agent`s, 0.7's environment servers in front of them, the training `vllm_model`, started by Gym's own
+launcher with its own Ray. The one stand-in is the policy: a small HTTP server that answers
+`/v1/chat/completions` and `/tokenize` the way verl's vLLM server does (its real engine is too slow for these
+tests' many batches), steered per request by markers in the prompt (answer, delay, HTTP 500, hang).
 
 The tests that kill servers or shut the stack down get a stack of their own (`own_stack`), so the tests pass
 in any order; in file order they come last and take the shared one.
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
 import signal
 import socket
@@ -27,10 +31,10 @@ import pytest
 
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
+from recipe.nemo_gym.gym.client import RunTarget, instances_from_json, pairing_problems, run_targets
 from recipe.nemo_gym.gym.collect import run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.errors import (
     GymConfigError,
-    GymRuntimeError,
     GymServerDied,
     GymStartTimeout,
     HeadPortInUseError,
@@ -41,7 +45,7 @@ from recipe.nemo_gym.gym.seams import (
     link_server_venvs,
     nemo_gym_install_root,
     resolve_config_path,
-    server_instances,
+    server_dirs,
     write_interpreter_shim,
 )
 from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
@@ -52,6 +56,7 @@ from recipe.nemo_gym_testing.helpers import (
     chat_completion,
     free_port,
     nemo_gym_processes,
+    processes_with_env,
     workplace_row,
 )
 from recipe.nemo_gym_testing.helpers import math_row as shared_math_row
@@ -65,6 +70,8 @@ SERVER_NAMES = {
     "math_with_judge",
     "math_with_judge_simple_agent",
 }
+# Gym 0.7 puts a generated `legacy_agent` relay in front of each agent the configs leave without one.
+RELAYS = {"workplace_assistant_environment_server", "math_with_judge_environment_server"}
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -96,12 +103,21 @@ class PolicyStub(ChatCompletionStub):
         return 200, chat_completion(body, f"The answer is \\boxed{{{answer.group(1) if answer else '0'}}}.", (9, 8))
 
 
-def spec_for(tmp: Path, head_port: int, policy_url: str, ray_address: str, **kw) -> GymServersSpec:
+def expected_servers(runtime: GymRuntime) -> set[str]:
+    return SERVER_NAMES | (RELAYS if runtime.version.startswith("0.7") else set())
+
+
+def server_process(runtime: GymRuntime, name: str) -> psutil.Process:
+    """The Python process of one server (`app.py`), under the process Gym reported for it."""
+    wrapper = psutil.Process(next(s.pid for s in runtime.servers if s.name == name))
+    return next(p for p in [wrapper, *wrapper.children(recursive=True)] if "app.py" in " ".join(p.cmdline()))
+
+
+def spec_for(tmp: Path, head_port: int, policy_url: str, **kw) -> GymServersSpec:
     return GymServersSpec(
         config_paths=(WORKPLACE, MATH),
         policy_base_urls=(policy_url,),
         policy_model_name="tiny-qwen3",
-        ray_head_node_address=ray_address,
         head_server_port=head_port,
         cache_dir=tmp / "cache",
         **kw,
@@ -144,14 +160,14 @@ def test_build_global_config_dict_exact(tmp_path: Path) -> None:
         log_dir=tmp_path / "logs",
         overrides={"math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}}},
     )
-    assert build_global_config_dict(spec, "10.0.0.1:6379", Path("/v"), Path("/u")) == {
+    assert spec.all_config_paths == ("responses_api_models/vllm_model/configs/vllm_model_for_training.yaml", MATH)
+    assert build_global_config_dict(spec, Path("/v"), Path("/u")) == {
+        "model_endpoint_readiness_timeout_seconds": 0,
         "math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}},
-        "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml", MATH],
         "policy_base_url": ["http://h1:8000/v1", "http://h2:8000/v1"],
         "policy_api_key": "k",
         "policy_model_name": "/models/qwen",
         "head_server": {"host": "127.0.0.1", "port": 12345},
-        "ray_head_node_address": "10.0.0.1:6379",
         "skip_venv_if_present": True,
         "uv_venv_dir": "/v",
         "uv_cache_dir": "/u",
@@ -166,6 +182,7 @@ def test_spec_from_plugin_yaml_maps_every_field(tmp_path: Path) -> None:
     path.write_text(
         f"""
 nemo_gym:
+  environment: {tmp_path}/gym-env
   root: {tmp_path}
   config_paths:
     - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
@@ -180,7 +197,7 @@ nemo_gym:
 timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
 """
     )
-    spec = GymServersSpec.from_config(load_config(path), ["http://h:1/v1"], "served-name", "10.0.0.1:6379")
+    spec = GymServersSpec.from_config(load_config(path), ["http://h:1/v1"], "served-name")
     assert spec.all_config_paths == (
         str(tmp_path / "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"),
         "/abs/env.yaml",
@@ -191,10 +208,10 @@ timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
         }
     }
     assert (spec.head_server_host, spec.head_server_port, spec.policy_api_key) == ("0.0.0.0", 12001, "secret")
-    assert (spec.policy_base_urls, spec.policy_model_name, spec.ray_head_node_address) == (
+    assert (spec.policy_base_urls, spec.policy_model_name, spec.environment) == (
         ("http://h:1/v1",),
         "served-name",
-        "10.0.0.1:6379",
+        tmp_path / "gym-env",
     )
     assert (spec.venv_dir, spec.log_dir) == (tmp_path / "venvs", tmp_path / "logs")
     assert (spec.startup_timeout_s, spec.shutdown_grace_s) == (42, 3)
@@ -206,6 +223,7 @@ timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
         ({"config_paths": ()}, "config_paths is empty"),
         ({"policy_base_urls": ("localhost:8000",)}, "not an http(s) URL"),
         ({"overrides": {"head_server": {"port": 1}}}, "['head_server']"),
+        ({"overrides": {"ray_head_node_address": "10.0.0.1:6379"}}, "['ray_head_node_address']"),
         ({"head_server_port": 70000}, "head_server_port: Input should be less than or equal to 65535, got 70000"),
         ({"startup_timeout_s": 0}, "startup_timeout_s: Input should be greater than 0, got 0"),
     ],
@@ -216,18 +234,59 @@ def test_spec_rejects_bad_fields_naming_them(kwargs: dict, needle: str) -> None:
         GymServersSpec(**(base | kwargs))
 
 
-def test_server_instances_mirror_what_run_helper_launches() -> None:
-    config = {
-        "config_paths": ["x.yaml"],
-        "head_server": {"host": "127.0.0.1", "port": 11000},
-        "policy_model": {"responses_api_models": {"vllm_model": {"entrypoint": "app.py", "host": "h", "port": 5}}},
-        "math_with_judge_simple_agent": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
-        "not_a_server": {"some": {"thing": {"no_entrypoint": 1}}},
-        "scalar": 3,
-    }
-    assert server_instances(config, reserved_keys={"config_paths", "head_server"}) == [
-        ServerInstance("policy_model", "responses_api_models", "vllm_model", "h", 5),
+def test_instances_from_the_head_server_become_typed_records() -> None:
+    listed = [
+        {"process_name": "policy_model", "server_type": "responses_api_models", "name": "vllm_model",
+         "host": "127.0.0.1", "port": 14364, "pid": 4509, "url": "http://127.0.0.1:14364", "dir_path": "/x"},
+        {"process_name": "math_with_judge_simple_agent", "server_type": "responses_api_agents",
+         "name": "simple_agent", "host": None, "port": None, "pid": None},
+    ]  # fmt: skip
+    assert instances_from_json(listed) == [
+        ServerInstance("policy_model", "responses_api_models", "vllm_model", "127.0.0.1", 14364, pid=4509),
         ServerInstance("math_with_judge_simple_agent", "responses_api_agents", "simple_agent", None, None),
+    ]
+
+
+def _instance(name: str, server_type: str, port: int) -> ServerInstance:
+    return ServerInstance(name, server_type, "x", "h", port)
+
+
+def test_run_targets_go_through_the_environment_server_in_front_of_an_agent_else_to_the_agent() -> None:
+    config = {
+        "math_simple_agent": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
+        "tools_simple_agent": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
+        "math_environment_server": {
+            "environment_servers": {
+                "legacy_agent": {"agent_server": {"type": "responses_api_agents", "name": "math_simple_agent"}}
+            }
+        },
+        "head_server": {"host": "h", "port": 11000},
+    }
+    instances = [
+        _instance("math_simple_agent", "responses_api_agents", 1),
+        _instance("tools_simple_agent", "responses_api_agents", 2),
+        _instance("math_environment_server", "environment_servers", 3),
+        _instance("policy_model", "responses_api_models", 4),
+    ]
+    assert run_targets(config, instances) == {
+        "math_simple_agent": RunTarget("math_simple_agent", "http://h:3", via="math_environment_server"),
+        "tools_simple_agent": RunTarget("tools_simple_agent", "http://h:2"),
+    }
+    second = {"environment_servers": {"legacy_agent": {"agent_server": {"name": "math_simple_agent"}}}}
+    with pytest.raises(ValueError, match=r"'math_simple_agent' is fronted by several environment servers"):
+        run_targets(config | {"other_environment_server": second}, instances)
+
+
+def test_every_server_folder_of_the_roots_gets_a_venv_link(tmp_path: Path) -> None:
+    for folder in ("resources_servers/math", "responses_api_agents/simple_agent", "environment_servers/relay",
+                   "resources_servers/__pycache__", "unrelated/thing"):  # fmt: skip
+        (tmp_path / "root" / folder).mkdir(parents=True)
+    (tmp_path / "cwd/resources_servers/mine").mkdir(parents=True)
+    assert server_dirs([tmp_path / "root", tmp_path / "cwd", tmp_path / "missing"]) == [
+        ("environment_servers", "relay"),
+        ("resources_servers", "math"),
+        ("resources_servers", "mine"),
+        ("responses_api_agents", "simple_agent"),
     ]
 
 
@@ -433,7 +492,6 @@ def test_start_with_missing_config_path_fails_before_starting_anything(tmp_path:
         config_paths=(MATH, "resources_servers/no_such_env/configs/no_such_env.yaml"),
         policy_base_urls=("http://127.0.0.1:9/v1",),
         policy_model_name="m",
-        ray_head_node_address="127.0.0.1:1",
         head_server_port=port,
         cache_dir=tmp_path,
     )
@@ -444,14 +502,12 @@ def test_start_with_missing_config_path_fails_before_starting_anything(tmp_path:
 
 
 @pytest.mark.integration
-def test_start_with_head_port_in_use_names_it_and_starts_nothing(
-    tmp_path: Path, ray_address: str, no_live_stack: None
-) -> None:
+def test_start_with_head_port_in_use_names_it_and_starts_nothing(tmp_path: Path, no_live_stack: None) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address)
+        spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1")
         with pytest.raises(HeadPortInUseError, match=rf"head server port 127.0.0.1:{port} is already in use"):
             start_runtime(spec)
         assert gym_processes(port) == []
@@ -460,16 +516,16 @@ def test_start_with_head_port_in_use_names_it_and_starts_nothing(
 
 @pytest.mark.integration
 def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(
-    tmp_path: Path, ray_address: str, no_live_stack: None
+    tmp_path: Path, no_live_stack: None
 ) -> None:
     port = free_port()
-    spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", ray_address, startup_timeout_s=4.0)
+    spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", startup_timeout_s=4.0)
     t0 = time.monotonic()
     with pytest.raises(GymStartTimeout) as err:
         start_runtime(spec)
     assert time.monotonic() - t0 < 4.0 + 60.0  # deadline, then a bounded teardown (loose: a loaded 2-core box)
     assert "not ready within 4s" in str(err.value)
-    assert set(err.value.servers) <= SERVER_NAMES and err.value.servers
+    assert set(err.value.servers) <= SERVER_NAMES | RELAYS | {"head_server"} and err.value.servers
     assert gym_processes(port) == []
     check_port_free("127.0.0.1", port)
 
@@ -480,10 +536,10 @@ from pathlib import Path
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym_testing.gym_runtime import start_runtime
 
-port, ray_address, tmp, mode = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+port, tmp, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 spec = GymServersSpec(
     config_paths=("resources_servers/math_with_judge/configs/math_with_judge.yaml",),
-    policy_base_urls=("http://127.0.0.1:9/v1",), policy_model_name="m", ray_head_node_address=ray_address,
+    policy_base_urls=("http://127.0.0.1:9/v1",), policy_model_name="m",
     head_server_port=port, cache_dir=tmp / "cache", startup_timeout_s=300,
 )
 if mode == "sigterm":
@@ -499,64 +555,102 @@ else:
     threading.Thread(target=start_runtime, args=(spec,), daemon=True).start()
     while not (tmp / "exit_now").exists():
         time.sleep(0.1)
+    # The trainer's side of Gym, started: no module of NeMo Gym's was imported into this process.
+    (tmp / "nemo_gym_modules").write_text(" ".join(m for m in sys.modules if m.split(".")[0] == "nemo_gym"))
     # a normal interpreter exit: atexit must stop the servers
 """
+MARK = "NG_TEST_GYM_TREE"
 
 
-def _run_child_until_servers_exist(tmp_path: Path, ray_address: str, mode: str) -> tuple[psutil.Popen, int]:
-    port = free_port()
+def gym_tree(mark: str) -> list[psutil.Process]:
+    """Every live process of the Gym a test started with `MARK=mark` in its environment: the launcher, the servers,
+    Gym's own Ray (each inherits the launcher's environment)."""
+    return processes_with_env(MARK, mark)
+
+
+def run_dirs_of(port: int) -> list[Path]:
+    """The private run folders (`/tmp/ng-gym-*`) whose job config names this head port."""
+    found = []
+    for folder in Path("/tmp").glob("ng-gym-*"):
+        with contextlib.suppress(OSError):
+            if f"port: {port}" in (folder / "verl_job.yaml").read_text():
+                found.append(folder)
+    return found
+
+
+def wait_until_gone(mark: str, timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while gym_tree(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return gym_tree(mark)
+
+
+def _run_child_until_servers_exist(tmp_path: Path, mode: str) -> tuple[psutil.Popen, int, str]:
+    port, mark = free_port(), f"{mode}-{time.monotonic_ns()}"
     child = psutil.Popen(
-        [sys.executable, "-c", CHILD, str(port), ray_address, str(tmp_path), mode],
+        [sys.executable, "-c", CHILD, str(port), str(tmp_path), mode],
         cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, MARK: mark},
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while len(gym_processes(port)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(gym_processes(port)) == 3, "the child never launched its servers"
-    return child, port
+    assert len(gym_processes(port)) >= 3, "the child never launched its servers"
+    return child, port, mark
 
 
 @pytest.mark.integration
-def test_sigterm_of_the_trainer_stops_servers_and_chains_the_previous_handler(tmp_path: Path, ray_address: str) -> None:
-    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "sigterm")
+def test_sigterm_of_the_trainer_stops_servers_and_chains_the_previous_handler(tmp_path: Path) -> None:
+    child, port, mark = _run_child_until_servers_exist(tmp_path, "sigterm")
     child.terminate()
     assert child.wait(60) == 0
     assert (tmp_path / "previous_handler_ran").read_text() == str(int(signal.SIGTERM))
-    assert gym_processes(port) == []
+    assert wait_until_gone(mark, 15) == []
+    assert run_dirs_of(port) == []
 
 
 @pytest.mark.integration
-def test_sigkill_of_the_trainer_leaves_its_servers_to_the_watchdog(tmp_path: Path, ray_address: str) -> None:
-    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "sigkill")
-    time.sleep(1.0)  # the runtime tells the watchdog of each process it sees (every 0.25 s while starting)
+def test_sigkill_of_the_trainer_leaves_no_gym_process(tmp_path: Path) -> None:
+    child, port, mark = _run_child_until_servers_exist(tmp_path, "sigkill")
+    time.sleep(1.0)  # the runtime tells the watchdog the launcher's session as soon as the launcher exists
     child.kill()
     assert child.wait(60) == -signal.SIGKILL
-    deadline = time.monotonic() + 15  # Ray's GCS stays up here, so NeMo Gym's own 60 s backstop never comes
-    while gym_processes(port) and time.monotonic() < deadline:
+    # The watchdog kills the launcher's whole session: servers, Gym's Ray, the launcher (15 s: a loaded 2-core box),
+    # then deletes the run's private folder.
+    assert wait_until_gone(mark, 15) == []
+    deadline = time.monotonic() + 10
+    while run_dirs_of(port) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert gym_processes(port) == []
+    assert run_dirs_of(port) == []
 
 
 @pytest.mark.integration
-def test_interpreter_exit_stops_servers(tmp_path: Path, ray_address: str) -> None:
-    child, port = _run_child_until_servers_exist(tmp_path, ray_address, "atexit")
+def test_interpreter_exit_stops_servers(tmp_path: Path) -> None:
+    child, port, mark = _run_child_until_servers_exist(tmp_path, "atexit")
     (tmp_path / "exit_now").write_text("")
-    assert child.wait(60) == 0
-    assert gym_processes(port) == []
+    assert child.wait(90) == 0
+    assert wait_until_gone(mark, 15) == []
+    assert (tmp_path / "nemo_gym_modules").read_text() == ""  # the runtime imported nothing of NeMo Gym
 
 
 LIVE_STACKS: list[SharedStack[GymRuntime]] = []
 
 
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory: pytest.TempPathFactory, ray_address: str, policy: PolicyStub):
-    """The module's started stacks, one live at a time (a process holds one runtime)."""
+def stacks(tmp_path_factory: pytest.TempPathFactory, policy: PolicyStub):
+    """The module's started stacks, one live at a time (each is a whole Gym: memory on a 2-core box)."""
 
     @contextlib.contextmanager
     def start():
         tmp = tmp_path_factory.mktemp("gym")
-        spec = spec_for(tmp, free_port(), policy.url, ray_address, log_dir=tmp / "logs", startup_timeout_s=300.0)
-        runtime = start_runtime(spec)
+        spec = spec_for(tmp, free_port(), policy.url, log_dir=tmp / "logs", startup_timeout_s=300.0)
+        mark = f"stack-{time.monotonic_ns()}"
+        os.environ[MARK] = mark  # inherited by this Gym's processes only: it is removed once they are started
+        try:
+            runtime = start_runtime(spec)
+        finally:
+            del os.environ[MARK]
+        runtime.test_mark = mark
         print(f"\nNeMo Gym start-up: {len(runtime.servers)} servers ready in {runtime.startup_s:.1f}s")
         try:
             yield runtime
@@ -592,20 +686,18 @@ def no_live_stack() -> None:
 
 @pytest.mark.integration
 def test_started_stack_is_ready_and_healthy(stack: GymRuntime) -> None:
-    assert {s.name for s in stack.servers} == SERVER_NAMES
+    expected = expected_servers(stack)
+    assert {s.name for s in stack.servers} == expected
     report = stack.health(http_timeout_s=5.0)
-    assert report.ok and {s.name for s in report.servers} == SERVER_NAMES
+    assert report.ok and {s.name for s in report.servers} == expected
     stack.check_health(http_timeout_s=5.0)
-    assert set(stack.pids().values()) == SERVER_NAMES
-    assert {p.pid for p in gym_processes(stack.spec.head_server_port)} <= set(stack.pids())
-    assert {f.name for f in stack.spec.log_dir.iterdir()} == {f"{n}.log" for n in SERVER_NAMES}
-
-
-@pytest.mark.integration
-def test_second_runtime_in_the_same_process_is_refused(stack: GymRuntime, tmp_path: Path, ray_address: str) -> None:
-    spec = spec_for(tmp_path, free_port(), "http://127.0.0.1:9/v1", ray_address)
-    with pytest.raises(GymRuntimeError, match="already live in this process"):
-        start_runtime(spec)
+    pids = set(stack.pids())  # the launcher's session: its servers, Gym's own Ray, the launcher
+    assert {s.pid for s in stack.servers} <= pids
+    assert {p.pid for p in gym_processes(stack.spec.head_server_port)} <= pids
+    # Everything started with this Gym's environment, the watchdog aside (spawned by this process), is in it.
+    assert {p.pid for p in gym_tree(stack.test_mark)} - {stack._watchdog.pid} <= pids
+    logs = {f.name for f in stack.spec.log_dir.iterdir()}
+    assert logs == {f"{n}.log" for n in expected} | {"gym_launcher.log"}
 
 
 @pytest.mark.integration
@@ -629,7 +721,7 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
 
 @pytest.mark.integration
 def test_collect_refuses_any_loop_but_the_runtimes(stack: GymRuntime) -> None:
-    # NeMo Gym's HTTP session is bound to the runtime's loop: a batch awaited anywhere else would break it.
+    # The runtime's HTTP session is bound to its loop: a batch awaited anywhere else would break it.
     with pytest.raises(RuntimeError, match="must run on the loop given to GymRuntime.start"):
         asyncio.run(
             stack.collect([math_row("What is 1+1?", "2", answer="2")], deadline_s=5, health_check_interval_s=2.0)
@@ -645,7 +737,8 @@ def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: GymRun
     failure = out[1]
     assert isinstance(failure, EpisodeFailure)
     assert failure.cause is FailureCause.SERVER_ERROR and failure.row == 1
-    assert "agent 'math_with_judge_simple_agent' /run returned HTTP 500" in failure.detail
+    via = " (through 'math_with_judge_environment_server')" if stack.version.startswith("0.7") else ""
+    assert f"agent 'math_with_judge_simple_agent' /run{via} returned HTTP 500" in failure.detail
 
 
 @pytest.mark.integration
@@ -660,12 +753,8 @@ def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: GymRu
 
 @pytest.mark.integration
 def test_server_death_mid_batch_aborts_naming_the_server(own_stack: GymRuntime) -> None:
-    victim = next(
-        pid
-        for pid, name in own_stack.pids().items()
-        if name == "workplace_assistant" and "app.py" in " ".join(psutil.Process(pid).cmdline())
-    )
-    killer = threading.Timer(1.5, lambda: psutil.Process(victim).kill())
+    victim = server_process(own_stack, "workplace_assistant")
+    killer = threading.Timer(1.5, victim.kill)
     killer.start()
     t0 = time.monotonic()
     try:
@@ -678,12 +767,8 @@ def test_server_death_mid_batch_aborts_naming_the_server(own_stack: GymRuntime) 
 
 @pytest.mark.integration
 def test_health_reports_a_killed_server_by_name(own_stack: GymRuntime) -> None:
-    for victim in [
-        pid
-        for pid, name in own_stack.pids().items()
-        if name in ("workplace_assistant", "math_with_judge") and "app.py" in " ".join(psutil.Process(pid).cmdline())
-    ]:
-        psutil.Process(victim).kill()
+    for name in ("workplace_assistant", "math_with_judge"):
+        server_process(own_stack, name).kill()
     deadline = time.monotonic() + 30
     while len(own_stack.health().dead) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -691,21 +776,91 @@ def test_health_reports_a_killed_server_by_name(own_stack: GymRuntime) -> None:
     with pytest.raises(GymServerDied) as err:
         own_stack.check_health()
     assert set(err.value.servers) == {"workplace_assistant", "math_with_judge"}
-    assert "NeMo Gym server 'math_with_judge': process" in str(err.value)
+    assert "NeMo Gym server 'math_with_judge': process" in str(err.value) and "is gone" in str(err.value)
 
 
 @pytest.mark.integration
 def test_shutdown_leaves_no_process_and_frees_the_head_port(own_stack: GymRuntime) -> None:
     started = own_stack.pids()
     port = own_stack.spec.head_server_port
-    assert started and gym_processes(port)
+    assert started and gym_processes(port) and own_stack.run_dir.is_dir()
     t0 = time.monotonic()
     own_stack.shutdown()
     print(f"\nNeMo Gym shutdown: {time.monotonic() - t0:.1f}s for {len(started)} processes")
     own_stack.shutdown()  # idempotent
     assert own_stack.survivors == ()
     assert [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"] == []
-    assert gym_processes(port) == []
+    assert gym_processes(port) == [] and gym_tree(own_stack.test_mark) == []
+    assert not own_stack.run_dir.exists()  # the job config and Gym's Ray session files went with it
     check_port_free("127.0.0.1", port)
     with pytest.raises(RolloutAborted, match="shut down"):
         asyncio.run(own_stack.collect([math_row("q", "1", answer="1")], deadline_s=5, health_check_interval_s=2.0))
+
+
+# Gym 0.7's `single_agent_turn_legacy` environment server runs the episode itself and answers a failed one with
+# HTTP 200 and Gym's failure fields: declared here in front of our uppercase_share agent (the name of the relay Gym
+# would otherwise generate), with the defaults of its shipped config.
+EPISODE_SERVER = """
+uppercase_share_environment_server:
+  environment_servers:
+    single_agent_turn_legacy:
+      entrypoint: app.py
+      resources_server: {type: resources_servers, name: uppercase_share}
+      agent_server: {type: responses_api_agents, name: uppercase_share_simple_agent}
+      max_concurrent_episodes: null
+      queue_timeout_seconds: null
+      default_episode_timeout_seconds: 600
+      cleanup_timeout_seconds: 60
+"""
+
+
+@pytest.mark.integration
+def test_a_failure_row_of_gyms_environment_server_comes_back_as_that_rows_typed_failure(
+    tmp_path: Path, policy: PolicyStub, no_live_stack: None
+) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "episode_server.yaml").write_text(EPISODE_SERVER)
+    spec = GymServersSpec(
+        config_paths=(
+            "resources_servers/uppercase_share/configs/uppercase_share.yaml",
+            str(tmp_path / "episode_server.yaml"),
+        ),
+        policy_base_urls=(policy.url,),
+        policy_model_name="tiny-qwen3",
+        head_server_port=free_port(),
+        cache_dir=tmp_path / "cache",
+        startup_timeout_s=300.0,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(repo)  # our environment's folder resolves against the current directory
+        runtime = start_runtime(spec)
+    try:
+        if not runtime.version.startswith("0.7"):
+            pytest.fail(f"this test needs Gym 0.7's environment servers, the suite runs Gym {runtime.version}")
+        assert runtime.targets["uppercase_share_simple_agent"].via == "uppercase_share_environment_server"
+        row = json.loads((repo / "resources_servers/uppercase_share/data/example.jsonl").read_text().splitlines()[0])
+        failing = json.loads(json.dumps(row))
+        failing["responses_create_params"]["input"][-1]["content"] += " FAIL500"
+        out = collect_blocking(runtime, [row, failing], deadline_s=120)
+    finally:
+        runtime.shutdown()
+    assert isinstance(out[0], dict) and 0.0 <= out[0]["reward"] <= 1.0
+    assert out[1] == EpisodeFailure(FailureCause.ENVIRONMENT_FAILED, out[1].detail, row=1)
+    assert out[1].detail.startswith(
+        "'uppercase_share_environment_server' /run reported failure class 'environment_server_failed' ("
+    )
+
+
+def test_an_agent_its_resources_server_does_not_accept_is_named_and_gyms_waiver_lifts_the_check() -> None:
+    config = {
+        "calc": {"resources_servers": {"calc": {"allowed_agents": ["simple_agent"]}}},
+        "judge": {"resources_servers": {"judge": {"allowed_agents": "react_agent"}}},
+        "free": {"resources_servers": {"free": {}}},
+        "calc_simple_agent": {"responses_api_agents": {"simple_agent": {"resources_server": {"name": "calc"}}}},
+        "judge_simple_agent": {"responses_api_agents": {"simple_agent": {"resources_server": {"name": "judge"}}}},
+        "free_react_agent": {"responses_api_agents": {"react_agent": {"resources_server": {"name": "free"}}}},
+    }
+    assert pairing_problems(config) == [
+        "agent 'judge_simple_agent' runs 'simple_agent', but its resources server 'judge' accepts only: react_agent"
+    ]
+    assert pairing_problems(config | {"allow_unsupported_pairing": True}) == []

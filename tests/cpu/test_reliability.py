@@ -547,6 +547,9 @@ def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
         "non_finite_logprob": 2,
         "bad_reward": 0,
         "prompt_too_long": 2,
+        "environment_failed": 0,
+        "cancelled": 0,
+        "masked_by_environment": 0,
     }
     assert timing["nemo_gym/all/failed"] == 5 and timing["nemo_gym/all/episodes"] == 8
     assert timing[f"nemo_gym/{WORKPLACE}/failed/contiguity_broken"] == 1

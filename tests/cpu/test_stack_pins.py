@@ -3,7 +3,8 @@
 
 `scripts_common.sh` reads the lock itself (tested in test_submit_scripts.py); these are the files that must
 state a version in their own format: verl's `REQUIRED_VERL.txt`, the CPU backend's version guard, and the
-example environment's `requirements.txt` (NeMo Gym reads it).
+example environment's `requirements.txt` (NeMo Gym reads it), which names the nemo-gym of Gym's own environment
+(`packaging/gym-requirements.txt`, the lock `./setup.sh` builds `.venv-gym` from).
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ def test_cpu_backend_guards_the_locked_verl():
     assert SUPPORTED_VERL == locked()["verl"]
 
 
-def test_example_environment_requires_the_locked_nemo_gym():
+def gym_locked() -> dict[str, str]:
+    """Each package of Gym's environment lock, by name (`name==version` lines, `# via` comments aside)."""
+    text = (REPO / "packaging" / "gym-requirements.txt").read_text()
+    return dict(line.split(" ")[0].split("==") for line in text.splitlines() if "==" in line and line[0] != " ")
+
+
+def test_example_environment_requires_the_nemo_gym_of_gyms_environment():
     requirements = (REPO / "resources_servers" / "uppercase_share" / "requirements.txt").read_text().split()
-    assert requirements == [f"nemo-gym=={locked()['nemo-gym']}"]
+    assert requirements == [f"nemo-gym=={gym_locked()['nemo-gym']}"] == ["nemo-gym==0.7.0"]
 
 
 def test_pyproject_pins_are_the_locked_versions():

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""NeMo Gym 0.4.0's servers under the plugin's control, one job per module.
+"""NeMo Gym run out of process (its own Python environment, its own process tree and Ray), one job per module.
 
 - `errors`: the error types every other module raises.
-- `spec`: `GymServersSpec` (what to start) and `ServerInstance` (what a parsed configuration holds).
-- `seams`: every place that touches NeMo Gym's internals or mirrors one of its rules (import containment,
-  `RunHelper`'s private state, the install root, config-path resolution, the venv layout).
-- `processes`: the processes a runtime started, how they are stopped, and the exit hooks that stop them.
-- `health`: liveness of NeMo Gym's servers and of the policy servers.
-- `outcomes`: the failure cause of a row whose `/run` failed or was refused as too long.
+- `environment`: Gym's Python environment, the release it holds (0.4.x or 0.7.x), the launcher command.
+- `spec`: `GymServersSpec` (what to start) and `ServerInstance` (one server the head server lists).
+- `client`: HTTP to a running Gym (head server, where each agent's rows go, `/run`); no `nemo_gym` import.
+- `seams`: Gym's rules the plugin mirrors (config-path resolution, the venv layout, log file names).
+- `processes`: the launcher's process tree, how it is stopped, and the exit hooks that stop it.
+- `watchdog`: the process that kills the tree when the trainer dies without a word.
+- `health`: liveness of Gym's servers and of the policy servers.
+- `outcomes`: the failure cause of a row whose `/run` failed, was refused as too long, or that Gym marked failed.
 - `collect`: rows posted to their agents, outcomes returned in input order under a deadline.
 - `launch`: `GymRuntime`, which starts, supervises and stops one configuration.
 

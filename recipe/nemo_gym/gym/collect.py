@@ -4,20 +4,18 @@
 Contract:
 - `run_examples_in_order(examples, post_run, deadline_s, ...)` runs `post_run(index, row)` for every row
   concurrently and returns one `RowOutcome` per row, in input order: the agent's result dict, or the
-  `EpisodeFailure` that `post_run` decided (`make_post_run`, with the causes of `outcomes.py`). A dead NeMo Gym
+  `EpisodeFailure` that `post_run` decided (`client.make_post_run`, with the causes of `outcomes.py`). A dead NeMo Gym
   server, an unreachable policy server (the health check raises) or an expired deadline cancels every pending
   request and raises `RolloutAborted` naming the servers or the pending rows.
 - It runs on the caller's event loop and enters none itself; `GymRuntime.collect` awaits it on the loop the
   agent loop manager runs it on.
 
-Why rows are posted one by one instead of through NeMo Gym's `RolloutCollectionHelper.run_examples`: in 0.4.0
-that method yields awaitables in completion order, and an example that fails raises from its awaitable without
-its row, so a failure cannot be tied to the row it belongs to. `make_post_run` does what `run_examples` does per
-row (the public `ServerClient.post` to `/run`, `raise_for_status`, `get_response_json`) and keeps each row's
-index with its request. Nothing in 0.4.0 times out (`ServerClient.post` retries connection errors every 0.5 s
-forever), hence the batch deadline and the health checks while a batch waits. After an abort, NeMo Gym's model
-server may go on retrying a dead policy server for requests nobody waits for any more; those loops end with the
-NeMo Gym servers (`GymRuntime.shutdown`).
+Rows are posted one by one, each task keeping its row's index, and each to the server Gym's own collector would
+post it to (`client.run_targets`): the trainer imports no NeMo Gym code. Nothing in NeMo Gym times out (its
+model server retries a policy server that does not answer every 0.5 s forever, 0.4.0 to 0.7.0), hence the
+batch deadline and the health checks while a batch waits. After an abort, Gym's model server may go on retrying
+a dead policy server for requests nobody waits for any more; those loops end with Gym's servers
+(`GymRuntime.shutdown`).
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
-from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_failure
-from recipe.nemo_gym.gym.seams import NeMoGymAPI
 
 logger = logging.getLogger(__name__)
 
@@ -184,23 +180,3 @@ async def _health_or_abort(health_check: Callable[[], Any], pending: int, total:
         raise RolloutAborted(
             f"NeMo Gym server(s) {list(e.servers)} died with {pending} of {total} episodes pending:\n{e}"
         ) from e
-
-
-def make_post_run(server_client: Any, ng: NeMoGymAPI) -> Callable[[int, Mapping[str, Any]], Any]:
-    from aiohttp import ClientError, ClientResponseError
-
-    async def post_run(index: int, row: Mapping[str, Any]) -> RowOutcome:
-        agent = row["agent_ref"]["name"]
-        try:
-            response = await server_client.post(server_name=agent, url_path="/run", json=row)
-            await ng.raise_for_status(response)
-            result = await ng.get_response_json(response)
-        except ClientResponseError as e:
-            return server_error_failure(index, agent, e.status, getattr(e, "response_content", None) or e.message)
-        except (ClientError, ValueError) as e:  # a broken connection mid-body, or a body that is not JSON
-            return server_error_failure(index, agent, None, repr(e))
-        if not isinstance(result, dict):
-            return server_error_failure(index, agent, response.status, f"result is not a JSON object: {result!r}")
-        return context_overflow_failure(index, result) or result
-
-    return post_run

@@ -2,8 +2,9 @@
 """Liveness of NeMo Gym's servers (by process, HTTP on request) and of the policy servers (by HTTP).
 
 Contract:
-- `server_health(servers, table, http_timeout_s)` is cheap (process liveness; HTTP only with a timeout) and
-  names each dead server and why; `check_server_health` raises `GymServerDied` naming every dead server.
+- `server_health(servers, tree, http_timeout_s)` is cheap (process liveness; HTTP only with a timeout) and
+  names each dead server and why, the launcher included; `check_server_health` raises `GymServerDied` naming
+  every dead server.
 - A policy server is alive when it answers `GET <root>/health` with any HTTP status within the probe's timeout
   (`probe_policy_server`, which never raises for a network fault). What makes NeMo Gym 0.4.0 hang is a policy
   server that does not answer at all: its model server retries connection errors every 0.5 s forever. An
@@ -20,12 +21,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import psutil
+
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
-from recipe.nemo_gym.gym.processes import ProcessTable, exit_description
-from recipe.nemo_gym.gym.seams import log_tail
+from recipe.nemo_gym.gym.processes import ProcessTree, exit_description
 from recipe.nemo_gym.gym.spec import ServerInstance
 
 
@@ -65,41 +66,43 @@ class HealthReport:
         return not self.dead
 
 
+LAUNCHER = "launcher"
+"""The name a health report gives NeMo Gym's launcher process (it runs the head server)."""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def server_health(
-    servers: Sequence[ServerInstance], table: ProcessTable | None, http_timeout_s: float | None = None
+    servers: Sequence[ServerInstance], tree: ProcessTree | None, http_timeout_s: float | None = None
 ) -> HealthReport:
-    """Process liveness of every server (and, with `http_timeout_s`, whether each answers HTTP)."""
-    exits: dict[str, int] = {}
-    started: set[str] = set()
-    if table is not None:
-        table.refresh()
-        exits, started = dict(table.dead_servers()), table.started()
+    """Process liveness of every server and of the launcher (and, with `http_timeout_s`, whether each server
+    answers HTTP). A server's process is the one Gym reported for it (`ServerInstance.pid`)."""
     report = []
     for server in servers:
-        if server.name in exits:
-            report.append(ServerHealth(server.name, False, f"process {exit_description(exits[server.name])}"))
-        elif server.name not in started:
-            report.append(ServerHealth(server.name, False, "process never started"))
-        elif http_timeout_s is not None and not http_alive(server.host, server.port, http_timeout_s):
+        if server.pid is not None and not pid_alive(server.pid):
+            report.append(ServerHealth(server.name, False, f"process {server.pid} is gone"))
+        elif http_timeout_s is not None and server.host and not http_alive(server.host, server.port, http_timeout_s):
             report.append(ServerHealth(server.name, False, f"no HTTP answer at {server.url}"))
         else:
             report.append(ServerHealth(server.name, True, "running"))
-    if table is not None and table.view.head_thread_alive() is False:
-        report.append(ServerHealth("head_server", False, "head server thread stopped"))
+    if tree is not None:
+        code = tree.launcher_exit_code()
+        if code is not None:
+            report.append(ServerHealth(LAUNCHER, False, f"NeMo Gym's launcher {exit_description(code)}"))
     return HealthReport(tuple(report))
 
 
-def check_server_health(report: HealthReport, table: ProcessTable | None, log_dir: Path | None) -> None:
-    """Raise `GymServerDied` naming every dead server of `report`, with the log tail of each that exited."""
+def check_server_health(report: HealthReport, tail: Callable[[str], str] = lambda name: "") -> None:
+    """Raise `GymServerDied` naming every dead server of `report`, then `tail(name)` of the first (its log)."""
     if report.ok:
         return
-    exits = dict(table.dead_servers()) if table is not None else {}
-    lines = []
-    for s in report.servers:
-        if not s.alive:
-            tail = log_tail(log_dir, s.name) if s.name in exits else ""
-            lines.append(f"NeMo Gym server {s.name!r}: {s.detail}.{tail}")
-    raise GymServerDied("\n".join(lines), report.dead)
+    lines = [f"NeMo Gym server {s.name!r}: {s.detail}." for s in report.servers if not s.alive]
+    raise GymServerDied("\n".join(lines) + tail(report.dead[0]), report.dead)
 
 
 # --------------------------------------------------------------------------------------- policy servers

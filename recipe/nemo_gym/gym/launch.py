@@ -1,36 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`GymRuntime`: one NeMo Gym 0.4.0 configuration started offline, supervised, and stopped with nothing left.
+"""`GymRuntime`: one NeMo Gym configuration run out of process, supervised over HTTP, stopped with nothing left.
 
 Contract:
-- `GymRuntime.start(spec, loop=...)` starts every server of `spec.config_paths` (plus the training model server
-  config) with NeMo Gym's own `RunHelper.start`, offline: each server's venv is a link to a shim that runs this
-  process's interpreter (`sys.executable`), so no server builds a venv and nothing needs the network. It
-  returns only once every server answers HTTP, within `spec.startup_timeout_s`. Before anything starts it
-  checks that every config path exists (`seams.check_config_paths`) and that the head server's port is free.
-  If a server dies or the deadline passes, everything started is stopped and the error names the servers
-  concerned. At most one runtime is live per process (NeMo Gym keeps one configuration per process).
-- `loop` is the caller's `BackgroundLoop` (in production the agent loop manager's, the only one it creates),
-  borrowed, never created or closed here: every `collect` must run on it, because NeMo Gym's process-wide
-  aiohttp session is created on the loop of the first request and bound to it, and `shutdown` closes that
-  session there.
-- `health()` / `check_health()` are cheap (process liveness; HTTP only on request) and name dead servers.
-- `await collect(examples, deadline_s)` runs the batch (`collect.run_examples_in_order`) on the running loop,
-  which must be `loop` (anything else raises `RuntimeError` before a request goes out); it enters no loop
-  itself. It health-checks NeMo Gym's servers and the policy servers (`spec.policy_health_failures`
-  consecutive probes without an answer abort it) while it waits.
-- `shutdown()` stops the head server and every process started (each server's wrapper and all of its
-  descendants: SIGTERM, then SIGKILL after `spec.shutdown_grace_s`), then closes NeMo Gym's HTTP session on
-  `loop` (skipped if the loop is already closed). Idempotent; also runs at interpreter exit (verl never calls
-  it), without starting a thread and without printing anything. On SIGTERM of this process every process
-  started is sent SIGKILL at once (`kill_now`; a Ray actor such as verl's TaskRunner is SIGKILLed ~0.1 s after
-  its SIGTERM), then the SIGTERM handler already installed runs (`processes.install_exit_hooks`).
-- If this process ends with no hook run at all (SIGKILL; Ray ending a worker, which also SIGKILLs the worker's
-  children, i.e. the servers' wrapper shells), a `watchdog.Watchdog` process started with the servers SIGKILLs
-  every one of them at once.
-
-NeMo Gym 0.4.0's `RunHelper.start` waits for servers with no deadline and cleans nothing up if it raises, and
-its `shutdown()` only signals the wrapper shells. So `start` runs on a helper thread under our deadline, and
-teardown is ours (`processes.ProcessTable`, over `seams.RunHelperView`).
+- `GymRuntime.start(spec, loop=...)` finds Gym's Python environment (`environment.py`; its nemo-gym release,
+  0.4.x or 0.7.x, is read from it, and any other is refused naming it), checks that every config path exists
+  and that the head server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4)
+  from that environment as a process tree of its own: a new session, SIGINT at its default action, no `RAY_*`
+  variable and a private `RAY_TMPDIR` (Gym starts its own Ray, never the trainer's), offline (each server's venv
+  is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). It returns once
+  the head server lists the servers and every one answers HTTP, within
+  `spec.startup_timeout_s`. If the launcher or a server dies, or the deadline passes, everything started is
+  stopped and the error names what failed and shows the last lines of its log.
+- Nothing of NeMo Gym is imported here: the head server's `/server_instances` and `/global_config_dict_yaml`
+  (`client.HeadClient`) give every server's URL and process, and rows are posted to `/run` over HTTP.
+- `loop` is the caller's `BackgroundLoop` (in production the agent loop manager's), borrowed, never created or
+  closed here: every `collect` must run on it, because the runtime's aiohttp session is made on it, and
+  `shutdown` closes that session there.
+- `health()` / `check_health()` are cheap (process liveness of the launcher and of every server; HTTP only on
+  request) and name dead servers.
+- `await collect(examples, deadline_s, ...)` runs the batch (`collect.run_examples_in_order`) on `loop`
+  (anything else raises `RuntimeError` before a request goes out). It health-checks Gym's servers and the policy
+  servers (`spec.policy_health_failures` consecutive probes without an answer abort it) while it waits.
+- `shutdown()` sends the launcher's process group SIGINT (Gym's own orderly stop: servers, then its Ray), SIGKILLs
+  whatever is left after `spec.shutdown_grace_s`, removes the run's private folder (the job config, Ray's session
+  files, the logs unless `spec.log_dir` keeps them elsewhere), then closes the aiohttp session on `loop` (skipped if
+  the loop is already closed). Idempotent; also runs at interpreter exit (verl never calls it). On SIGTERM of this
+  process every process started is sent SIGKILL at once (`kill_now`; a Ray actor such as verl's TaskRunner is
+  SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already installed runs
+  (`processes.install_exit_hooks`).
+- If this process ends with no hook run at all (SIGKILL; Ray ending a worker), a `watchdog.Watchdog` process
+  started before the launcher SIGKILLs every process of the launcher's session at once.
 """
 
 from __future__ import annotations
@@ -38,8 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+import shutil
 import socket
-import sys
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -47,25 +50,28 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import RolloutAborted
 from recipe.nemo_gym.gym import seams
-from recipe.nemo_gym.gym.collect import (
-    ProgressLine,
-    RowOutcome,
-    make_post_run,
-    run_examples_in_order,
-    validate_examples,
+from recipe.nemo_gym.gym.client import HeadClient, RunTarget, make_post_run, pairing_problems, run_targets
+from recipe.nemo_gym.gym.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.environment import (
+    GymEnvironment,
+    clean_environment,
+    inspect_environment,
+    launcher_argv,
+    locate_environment,
 )
 from recipe.nemo_gym.gym.errors import (
     GymConfigError,
-    GymRuntimeError,
     GymServerDied,
     GymStartTimeout,
     HeadPortInUseError,
 )
 from recipe.nemo_gym.gym.health import (
+    LAUNCHER,
     HealthReport,
     PolicyWatch,
     ServerHealth,
@@ -73,11 +79,17 @@ from recipe.nemo_gym.gym.health import (
     http_alive,
     server_health,
 )
-from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTable, died_message, install_exit_hooks
+from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTree, exit_description, install_exit_hooks
 from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, GymServersSpec, ServerInstance, build_global_config_dict
 from recipe.nemo_gym.gym.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
+
+LAUNCHER_LOG = "gym_launcher.log"
+JOB_CONFIG = "verl_job.yaml"
+_POLL_S = 1.0
+# How Gym's launcher names a server whose process ended during start-up (RunHelper.poll, 0.4.0 and 0.7.0).
+_FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 
 
 def port_holder(host: str, port: int) -> str | None:
@@ -105,19 +117,26 @@ def check_port_free(host: str, port: int) -> None:
             by = f" by {holder}" if holder else ""
             raise HeadPortInUseError(
                 f"NeMo Gym head server port {host}:{port} is already in use{by} ({e.strerror}). "
-                "Choose another head_server_port, or stop whatever holds it (another run's NeMo Gym?)."
+                "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
             ) from None
 
 
-def _running_ray_address() -> str:
-    import ray
+# A uvicorn access-log line ("INFO:     127.0.0.1:4242 - "GET /health HTTP/1.1" 503 ..."): the head server logs
+# every readiness poll of ours, which would fill a log's tail with nothing but our own requests.
+_ACCESS_LINE = re.compile(r'^(\([^)]*\) )?INFO: +\S+ - "[A-Z]+ \S+ HTTP/')
 
-    if not ray.is_initialized():
-        raise GymConfigError(
-            "GymServersSpec.ray_head_node_address is not set and this process is not connected to Ray: "
-            "give the address of the running Ray head (e.g. ray.get_runtime_context().gcs_address)"
-        )
-    return ray.get_runtime_context().gcs_address
+
+def file_tail(path: Path | None, lines: int = 30) -> str:
+    """The last `lines` lines of a log file, access-log lines left out, headed by its path; "" when there is none."""
+    if path is None:
+        return ""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if not _ACCESS_LINE.match(line)]
+    tail = "\n".join(kept[-lines:])
+    return f"\n--- last lines of {path} (HTTP access lines left out) ---\n{tail}" if tail else ""
 
 
 class GymRuntime:
@@ -126,35 +145,39 @@ class GymRuntime:
     def __init__(self, spec: GymServersSpec, loop: BackgroundLoop):
         self.spec = spec
         self.loop = loop  # borrowed: the caller created it and closes it, after `shutdown()`
+        self.environment: GymEnvironment | None = None
         self.servers: tuple[ServerInstance, ...] = ()
+        self.targets: dict[str, RunTarget] = {}
         self.startup_s: float | None = None
-        self._ng: seams.NeMoGymAPI | None = None
-        self._table: ProcessTable | None = None
+        self.run_dir: Path | None = None
+        self.log_dir: Path | None = None
+        self.launcher_log: Path | None = None
+        self._tree: ProcessTree | None = None
         self._watchdog: Watchdog | None = None
-        self._server_client: Any = None
+        self._session: Any = None
         self._lock = threading.RLock()
         self._stopped = False
         self.survivors: tuple[int, ...] = ()
+
+    @property
+    def version(self) -> str | None:
+        """The nemo-gym release running, as its environment reported it."""
+        return self.environment.version if self.environment is not None else None
 
     # ---------------------------------------------------------------- start
 
     @classmethod
     def start(cls, spec: GymServersSpec, *, loop: BackgroundLoop) -> GymRuntime:
-        """Start every server and wait until all answer HTTP; on any failure nothing started is left running.
+        """Start Gym and wait until every server answers; on any failure nothing started is left running.
 
         `loop` is the event loop every `collect` will run on (see the module docstring); it is not used to start.
         """
-        seams.check_config_paths(spec.all_config_paths, Path.cwd(), seams.nemo_gym_install_root())
+        environment = inspect_environment(locate_environment(spec.environment))
+        seams.check_config_paths(spec.all_config_paths, Path.cwd(), environment.install_root)
         with LIVE_LOCK:
-            live = [r for r in LIVE if not r._stopped]
-            if live:
-                raise GymRuntimeError(
-                    "a NeMo Gym runtime is already live in this process (head server "
-                    f"{live[0].spec.head_server_host}:{live[0].spec.head_server_port}); NeMo Gym keeps one "
-                    "configuration per process, so shut that one down first"
-                )
             check_port_free(spec.head_server_host, spec.head_server_port)
             runtime = cls(spec, loop)
+            runtime.environment = environment
             LIVE.add(runtime)
         install_exit_hooks()
         try:
@@ -166,60 +189,101 @@ class GymRuntime:
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        spec = self.spec
-        ng = self._ng = seams.load_nemo_gym()
-        ray_address = spec.ray_head_node_address or _running_ray_address()
+        spec, environment = self.spec, self.environment
+        assert environment is not None
         cache = spec.resolved_cache_dir()
         venv_dir = spec.venv_dir or cache / "nemo_gym_venvs"
-        global_config = build_global_config_dict(spec, ray_address, venv_dir, cache / "uv")
-        parser_config = seams.parser_config(ng, global_config, spec.load_env_yaml)
-        config = seams.parse_config(ng, parser_config)
-        self.servers = tuple(seams.server_instances(config, ng.reserved_top_level_keys))
-        if not self.servers:
-            raise GymConfigError(f"no NeMo Gym servers in config paths {list(spec.all_config_paths)}")
-        shim = seams.write_interpreter_shim(venv_dir, sys.executable)
-        seams.link_server_venvs(venv_dir, [s.server_dir for s in self.servers], shim)
+        shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
+        seams.link_server_venvs(venv_dir, seams.server_dirs([environment.install_root, Path.cwd()]), shim)
 
-        run_helper = ng.RunHelper()
-        self._watchdog = Watchdog.spawn()  # before any server: none may outlive this process unwatched
-        table = self._table = ProcessTable(seams.RunHelperView(run_helper), on_new_process=self._watchdog.register)
-        start_error: list[BaseException] = []
+        # A short private folder: Ray's socket paths under it must stay within the 107 bytes a Unix socket allows.
+        self.run_dir = Path(tempfile.mkdtemp(prefix="ng-gym-", dir="/tmp" if Path("/tmp").is_dir() else None))
+        job_config = self.run_dir / JOB_CONFIG
+        # Gym writes one log per server there (`nemo_gym_log_dir`): a private folder unless the user keeps them.
+        self.log_dir = spec.log_dir or self.run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.launcher_log = self.log_dir / LAUNCHER_LOG
+        job = build_global_config_dict(spec, venv_dir, cache / "uv") | {"nemo_gym_log_dir": str(self.log_dir)}
+        job_config.write_text(yaml.safe_dump(job, sort_keys=False))
+        env = clean_environment(os.environ)
+        env.update(RAY_TMPDIR=str(self.run_dir / "ray"), PYTHONUNBUFFERED="1")
+        argv = launcher_argv(environment, [*spec.all_config_paths, str(job_config)])
 
-        def _run_start() -> None:
-            try:
-                run_helper.start(parser_config)  # returns the config cached by parse_config
-            except BaseException as e:  # reported by the waiting thread
-                start_error.append(e)
-
-        starter = threading.Thread(target=_run_start, name="nemo-gym-start", daemon=True)
-        starter.start()
-        deadline = t0 + spec.startup_timeout_s
-        while True:
-            starter.join(0.25)
-            table.refresh()
-            dead = table.dead_servers()
-            if dead:
-                message = died_message(dead, "during start-up", spec.log_dir)
-                raise GymServerDied(message, [name for name, _ in dead])
-            if table.view.head_thread_alive() is False:
-                raise GymServerDied(
-                    f"NeMo Gym head server {spec.head_server_host}:{spec.head_server_port} stopped during start-up",
-                    ["head_server"],
-                )
-            if not starter.is_alive():
-                if start_error:
-                    raise GymRuntimeError(f"NeMo Gym RunHelper.start failed: {start_error[0]!r}") from start_error[0]
-                break
-            if time.monotonic() > deadline:
-                not_ready = [s.name for s in self.servers if not (s.host and http_alive(s.host, s.port, 1.0))]
-                raise GymStartTimeout(
-                    f"NeMo Gym servers not ready within {spec.startup_timeout_s:g}s; not answering HTTP: "
-                    f"{not_ready or 'none (start-up was still finishing)'}",
-                    not_ready,
-                )
-        table.refresh()
+        self._watchdog = Watchdog.spawn()  # before the launcher: no Gym process may outlive this one unwatched
+        with open(self.launcher_log, "ab") as log:
+            launcher = subprocess.Popen(
+                argv, cwd=Path.cwd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        # The session holds the whole tree (servers, Gym's Ray): the watchdog needs no pid of it one by one, and
+        # watching ~30 pids' descendants every second cost it a tenth of a core.
+        self._watchdog.register_session(launcher.pid)
+        self._watchdog.register(launcher.pid)
+        self._watchdog.remove_on_exit(str(self.run_dir))
+        self._tree = ProcessTree(launcher)
+        logger.info(
+            "NeMo Gym %s starting from %s (pid %d, log %s)",
+            environment.version, environment.python, launcher.pid, self.launcher_log,
+        )  # fmt: skip
+        self._wait_until_ready(deadline=t0 + spec.startup_timeout_s)
         self.startup_s = time.monotonic() - t0
-        logger.info("NeMo Gym: %d servers ready in %.1fs", len(self.servers), self.startup_s)
+        logger.info("NeMo Gym %s: %d servers ready in %.1fs", environment.version, len(self.servers), self.startup_s)
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        spec, tree = self.spec, self._tree
+        assert tree is not None
+        head = HeadClient(spec.head_server_host, spec.head_server_port, timeout_s=5.0)
+        servers: list[ServerInstance] = []
+        while True:
+            tree.refresh()
+            code = tree.launcher_exit_code()
+            if code is not None:
+                self._raise_launcher_died(code, "during start-up")
+            dead = [s.name for s in server_health(servers, None).servers if not s.alive]
+            if dead:
+                raise GymServerDied(f"NeMo Gym server(s) {dead} died during start-up.{self._log_tail(dead[0])}", dead)
+            with contextlib.suppress(OSError):
+                # The head server lists the servers once it has started every one (0.4.0 and 0.7.0): listed and
+                # answering HTTP is ready. (0.7's own `/health` also waits for Gym's model-endpoint probe and its
+                # memory profiler, which the plugin does not need.)
+                servers = head.instances()
+                if servers and all(s.host and http_alive(s.host, s.port, 2.0) for s in servers):
+                    config = head.config()
+                    break
+            if time.monotonic() > deadline:
+                not_ready = [s.name for s in servers if not (s.host and http_alive(s.host, s.port, 1.0))]
+                what = f"not answering HTTP: {not_ready}"
+                if not servers:
+                    what = f"the head server {head.url} never listed its servers"
+                raise GymStartTimeout(
+                    f"NeMo Gym servers not ready within {spec.startup_timeout_s:g}s; {what}."
+                    f"{file_tail(self.launcher_log)}",
+                    not_ready or ["head_server"],
+                )
+            time.sleep(_POLL_S)
+        self.servers = tuple(servers)
+        try:
+            self.targets = run_targets(config, servers)
+        except ValueError as e:
+            raise GymConfigError(f"NeMo Gym configuration {list(spec.all_config_paths)}: {e}") from None
+        mismatched = pairing_problems(config)
+        if mismatched:
+            raise GymConfigError(
+                "rows would be scored by a resources server that does not accept the agent running them: "
+                + "; ".join(mismatched)
+                + ". Use an agent of an accepted type, or set allow_unsupported_pairing: true in "
+                "nemo_gym.config_overrides (Gym's own waiver)"
+            )
+        tree.refresh()
+
+    def _raise_launcher_died(self, code: int, when: str) -> None:
+        text = ""
+        with contextlib.suppress(OSError):
+            text = self.launcher_log.read_text(errors="replace") if self.launcher_log else ""
+        named = sorted(set(_FINISHED.findall(text)))
+        what = f"server(s) {named} ended {when}, and its launcher" if named else f"launcher ended {when}: it"
+        tail = self._log_tail(named[0]) if named else file_tail(self.launcher_log)
+        raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
 
     # ---------------------------------------------------------------- processes and health
 
@@ -229,20 +293,36 @@ class GymRuntime:
         return frozenset(s.name for s in self.servers if s.server_type == AGENT_SERVER_TYPE)
 
     def pids(self) -> dict[int, str]:
-        """Every live process this runtime started (server wrappers and their descendants), by pid."""
-        return self._table.pids() if self._table is not None else {}
+        """Every live process this runtime started (the launcher, its servers, its Ray), by pid: the name of the
+        server it belongs to (a server's wrapper shell and everything under it), else its process name."""
+        if self._tree is None:
+            return {}
+        wrappers = {s.pid: s.name for s in self.servers if s.pid is not None}
+        named = {}
+        for pid, process_name in self._tree.pids().items():
+            named[pid] = wrappers.get(pid, process_name)
+            with contextlib.suppress(psutil.Error):
+                for parent in psutil.Process(pid).parents():
+                    if parent.pid in wrappers:
+                        named[pid] = wrappers[parent.pid]
+                        break
+        return named
 
     def health(self, http_timeout_s: float | None = None) -> HealthReport:
-        """Process liveness of every server (and, with `http_timeout_s`, whether each answers HTTP)."""
+        """Process liveness of every server and the launcher (and, with `http_timeout_s`, HTTP answers)."""
         if self._stopped:
             return HealthReport(tuple(ServerHealth(s.name, False, "runtime shut down") for s in self.servers))
-        return server_health(self.servers, self._table, http_timeout_s)
+        return server_health(self.servers, self._tree, http_timeout_s)
 
     def check_health(self, http_timeout_s: float | None = None) -> None:
         """Raise `GymServerDied` naming every dead server; cheap enough to call every few seconds."""
         if self._stopped:
             raise GymServerDied("NeMo Gym runtime is shut down", [s.name for s in self.servers])
-        check_server_health(self.health(http_timeout_s), self._table, self.spec.log_dir)
+        check_server_health(self.health(http_timeout_s), self._log_tail)
+
+    def _log_tail(self, server: str) -> str:
+        """A dead server's own log (Gym writes one per server), else the launcher's (every server's lines)."""
+        return seams.log_tail(self.log_dir, server) or file_tail(self.launcher_log)
 
     # ---------------------------------------------------------------- rollouts
 
@@ -258,24 +338,23 @@ class GymRuntime:
         self._check_not_stopped()
         if asyncio.get_running_loop() is not self.loop.loop:
             raise RuntimeError(
-                f"GymRuntime.collect must run on the loop given to GymRuntime.start ({self.loop.name!r}): NeMo "
-                "Gym's HTTP session is bound to it; await it there, e.g. `await runtime.loop.arun(...)`"
+                f"GymRuntime.collect must run on the loop given to GymRuntime.start ({self.loop.name!r}): the "
+                "runtime's HTTP session is bound to it; await it there, e.g. `await runtime.loop.arun(...)`"
             )
-        ng = self._ng
         validate_examples(examples, self.agent_names)
-        if self._server_client is None:
-            self._server_client = seams.server_client(ng, self.spec.head_server_host, self.spec.head_server_port)
+        if self._session is None:
+            self._session = _client_session(self.spec.overrides)
         spec = self.spec
         watch = PolicyWatch(spec.policy_base_urls, spec.policy_health_timeout_s, spec.policy_health_failures)
 
         async def health() -> None:
             self.check_health()
-            # NeMo Gym's model server retries a policy server that does not answer forever: watch those too.
+            # Gym's model server retries a policy server that does not answer forever: watch those too.
             await watch.check()
 
         return await run_examples_in_order(
             examples,
-            post_run=make_post_run(self._server_client, ng),
+            post_run=make_post_run(self._session, self.targets),
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
@@ -289,11 +368,10 @@ class GymRuntime:
     # ---------------------------------------------------------------- shutdown
 
     def shutdown(self) -> None:
-        """Stop the head server and every process started; leave none behind. Idempotent.
+        """Stop every process started and remove the run's private folder; leave nothing behind. Idempotent.
 
         The processes go first: nothing after them (closing the HTTP session, which touches the event loop) can
-        keep a server alive. Creates a thread only when called from a thread that runs an event loop (see
-        `seams.close_global_session`), never at interpreter exit.
+        keep a server alive.
         """
         with self._lock:
             if self._stopped:
@@ -301,18 +379,15 @@ class GymRuntime:
             self._stopped = True
         try:
             try:
-                if self._table is not None:
-                    self._table.view.stop_head_server(timeout_s=5.0)
+                if self._tree is not None:
+                    self.survivors = self._tree.terminate_all(self.spec.shutdown_grace_s)
             finally:
-                if self._table is not None:
-                    self.survivors = self._table.terminate_all(self.spec.shutdown_grace_s)
                 if self._watchdog is not None:
                     self._watchdog.release(wait_s=5.0)  # after our own stop: it finds nothing left to kill
                 if self.survivors:
                     logger.error("NeMo Gym processes survived SIGKILL: %s", self.survivors)
-            if self._ng is not None:
-                seams.close_global_session(self._ng, self.loop)
-                self._server_client = None
+                self._remove_run_dir()
+            self._close_session()
         finally:
             with LIVE_LOCK:
                 LIVE.discard(self)
@@ -322,26 +397,54 @@ class GymRuntime:
 
         A trainer being terminated has little time left: Ray SIGKILLs an actor ~0.1 s after its SIGTERM (measured
         with Ray 2.60 for verl's TaskRunner, whose owner, the `main_ppo` driver, exited), so a grace period would be
-        cut short, and the servers hold nothing worth a graceful exit (environment state lives per episode). The
-        head server is a thread of this process and ends with it. Idempotent; later `shutdown()` calls do nothing.
+        cut short, and the servers hold nothing worth a graceful exit (environment state lives per episode).
+        Idempotent; later `shutdown()` calls do nothing.
         """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         try:
-            if self._table is not None:
-                self._table.kill_all()
+            if self._tree is not None:
+                self._tree.kill_all()
         finally:
             if self._watchdog is not None:
-                # It kills again whatever a cut-short kill_all missed; it exits in milliseconds, so waiting for
-                # it keeps a caller that checks for survivors right after this process exits from seeing it.
+                # It kills again whatever a cut-short kill_all missed, then deletes the run's folder; it exits in
+                # milliseconds, so waiting for it keeps a caller that checks for survivors right after this process
+                # exits from seeing it.
                 self._watchdog.release(wait_s=1.0)
             with LIVE_LOCK:
                 LIVE.discard(self)
+
+    def _remove_run_dir(self) -> None:
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None or self.loop.closed:
+            return
+
+        async def _close() -> None:
+            await session.close()
+
+        with contextlib.suppress(Exception):
+            self.loop.run(_close(), timeout=5.0, what="closing the NeMo Gym HTTP session")
 
     def __enter__(self) -> GymRuntime:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _client_session(overrides: Mapping[str, Any]) -> Any:
+    """The aiohttp session rows are posted on, its connection limits those handed to Gym's own clients."""
+    import aiohttp
+
+    from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
+
+    connector = aiohttp.TCPConnector(
+        limit=int(overrides.get(LIMIT_KEY, 100)), limit_per_host=int(overrides.get(LIMIT_PER_HOST_KEY, 0))
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))

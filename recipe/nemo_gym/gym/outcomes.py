@@ -7,10 +7,13 @@ Contract (all pure):
   `server_error_failure` builds the row's `EpisodeFailure` with a readable excerpt of the body.
 - `context_overflow_failure(row, result)` is PROMPT_TOO_LONG for a result whose first model call the policy
   server refused as over the model's context, else None.
+- `reported_failure(row, server, result)` is the failure NeMo Gym itself reported on a row that came back with
+  HTTP 200 (`_ng_failure_class`, `mask_sample`), else None.
 
-What reaches these bodies, in NeMo Gym 0.4.0: HTTP errors are not retried at the `/run` level; the model server
-retries 500/502/503/504/429/520 from the policy 3 times (0.5 s apart) before it fails the agent's request with
-a 500 whose body wraps the policy's.
+What reaches these bodies, in NeMo Gym 0.4.0 and 0.7.0: HTTP errors are not retried at the `/run` level; the
+model server retries 500/502/503/504/429/520 from the policy 3 times (0.5 s apart) before it fails the agent's
+request with a 500 whose body wraps the policy's. A 0.7 `legacy_agent` relay passes the agent's 500 on; an
+environment server that runs the episode itself (`single_agent_turn_legacy`) answers 200 with the failure row.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from typing import Any
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
 from recipe.nemo_gym.splice.carriers import SpliceError
 from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY
+
+# NeMo Gym 0.6+'s failure row fields (`rollout_collection.py`, `failure_kinds.py`; names checked against 0.7.0).
+FAILURE_CLASS_KEY = "_ng_failure_class"
+FAILURE_DETAIL_KEYS = ("_ng_failure_type", "_ng_failure_message", "_ng_failure_http_status")
+MASK_SAMPLE_KEY = "mask_sample"
+CANCELLED_CLASS = "cancelled"
 
 # Every refusal of the token-exact splice starts with `SpliceError.PREFIX`. vLLM answers it with HTTP 400 and the
 # message, and NeMo Gym's model server and agent each wrap the inner body in `repr` (quotes and backslashes escaped,
@@ -54,14 +63,19 @@ def _readable_excerpt(body: str, start: int, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def server_error_failure(row: int, agent: str, status: int | None, body: bytes | str | None) -> EpisodeFailure:
-    """The `EpisodeFailure` for a row whose `/run` failed; the cause is read from the whole body first."""
+def server_error_failure(
+    row: int, agent: str, status: int | None, body: bytes | str | None, via: str | None = None
+) -> EpisodeFailure:
+    """The `EpisodeFailure` for a row whose `/run` failed; the cause is read from the whole body first.
+
+    `agent` is the row's agent; `via` the environment server the row was posted to in front of it, if any."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", errors="replace")
     body = (body or "").strip()
     cause = server_error_cause(body)
     status_text = f"HTTP {status}" if status is not None else "an error"
-    where = f"agent {agent!r} /run returned {status_text}"
+    through = f" (through {via!r})" if via else ""
+    where = f"agent {agent!r} /run{through} returned {status_text}"
     if cause is FailureCause.CONTIGUITY_BROKEN:
         found = _SPLICE_REFUSAL.search(body)
         assert found is not None
@@ -103,3 +117,36 @@ def context_overflow_failure(row: int, result: Mapping[str, Any]) -> EpisodeFail
         "server answered it as an empty turn cut on length); shorten the prompt or raise the context length",
         row=row,
     )
+
+
+def reported_failure(row: int, server: str, result: Mapping[str, Any]) -> EpisodeFailure | None:
+    """The failure NeMo Gym reported on a row that came back with HTTP 200, or None for an ordinary result.
+
+    - `_ng_failure_class: cancelled` (a row drained by Gym's dispatch budget): CANCELLED;
+    - any other `_ng_failure_class` (e.g. `environment_server_failed`, `agent_run_error`): ENVIRONMENT_FAILED,
+      the class and `_ng_failure_type` / `_ng_failure_message` / `_ng_failure_http_status` in the detail;
+    - `mask_sample: true` without a failure class (the environment asks not to train on it):
+      MASKED_BY_ENVIRONMENT.
+    """
+    failure_class = result.get(FAILURE_CLASS_KEY)
+    if failure_class:
+        details = ", ".join(
+            f"{key.removeprefix('_ng_failure_')}={_excerpt(result[key])}"
+            for key in FAILURE_DETAIL_KEYS
+            if result.get(key) not in (None, "")
+        )
+        cause = FailureCause.CANCELLED if failure_class == CANCELLED_CLASS else FailureCause.ENVIRONMENT_FAILED
+        suffix = f" ({details})" if details else ""
+        return EpisodeFailure(cause, f"{server!r} /run reported failure class {failure_class!r}{suffix}", row=row)
+    if result.get(MASK_SAMPLE_KEY) is True:
+        return EpisodeFailure(
+            FailureCause.MASKED_BY_ENVIRONMENT,
+            f"{server!r} /run marked the episode mask_sample (the environment asks not to train on it)",
+            row=row,
+        )
+    return None
+
+
+def _excerpt(value: Any, limit: int = 300) -> str:
+    text = str(value).strip()
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -2,14 +2,15 @@
 """The processes a runtime started, how they are stopped, and the process-wide hooks that stop them at exit.
 
 Contract:
-- `ProcessTable` remembers every process under each server's wrapper shell (refreshed on every look, so none
-  is lost if its parent dies first), tells `on_new_process` about each one (the runtime's `Watchdog`), reports
-  the servers whose wrapper exited, and stops them all:
-  `terminate_all(grace_s)` sends SIGTERM, then SIGKILL after a bounded grace, and reaps the wrappers;
-  `kill_all()` sends SIGKILL at once and waits for nothing.
-- `LIVE` holds every runtime not yet stopped (NeMo Gym keeps one configuration per process, so at most one).
-  `install_exit_hooks()` (once per process) stops them at interpreter exit (`shutdown()`) and on SIGTERM
-  (`kill_now()`), then chains the SIGTERM handler already installed. Neither hook starts a thread or prints.
+- `ProcessTree` holds NeMo Gym's launcher (a child of this process, started in a session of its own) and
+  remembers every process of that session and every descendant of the launcher (refreshed on every look, so
+  none is lost if its parent dies first).
+  `terminate_all(grace_s)` sends the launcher's process group SIGINT (Gym's own shutdown: it interrupts every
+  server and stops its Ray), SIGKILLs whatever is left after a bounded grace, and reaps the launcher;
+  `kill_all()` sends SIGKILL to every process at once and waits for nothing.
+- `LIVE` holds every runtime not yet stopped. `install_exit_hooks()` (once per process) stops them at
+  interpreter exit (`shutdown()`) and on SIGTERM (`kill_now()`), then chains the SIGTERM handler already
+  installed. Neither hook starts a thread or prints.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
-from collections.abc import Callable, Sequence
+import time
 from typing import Any, Protocol
 
 import psutil
 
-from recipe.nemo_gym.gym.seams import RunHelperView, log_tail
+from recipe.nemo_gym.gym.watchdog import session_members
 
 logger = logging.getLogger(__name__)
 
@@ -41,72 +43,67 @@ def exit_description(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-class ProcessTable:
-    """Every process one `RunHelper.start` launched, by pid, with the server it belongs to."""
+class ProcessTree:
+    """NeMo Gym's launcher and every process it started (its session, and its descendants), by pid."""
 
-    def __init__(self, view: RunHelperView, on_new_process: Callable[[int], None] = lambda pid: None):
-        self.view = view
-        self.on_new_process = on_new_process
-        self._tracked: dict[int, tuple[str, psutil.Process]] = {}
+    def __init__(self, launcher: subprocess.Popen):
+        self.launcher = launcher
+        self.sid = launcher.pid  # started with start_new_session: it leads its session and its process group
+        self._tracked: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()
 
     def refresh(self) -> None:
-        """Remember every process under each server's wrapper, so none is lost if its parent dies first."""
-        for name, popen in self.view.processes().items():
-            if popen.poll() is not None:
-                continue
-            try:
-                root = psutil.Process(popen.pid)
-                family = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
+        """Remember every process of the launcher's session and under the launcher."""
+        family = session_members({self.sid})
+        with contextlib.suppress(psutil.Error):
+            family += psutil.Process(self.launcher.pid).children(recursive=True)
+        with self._lock:
             for proc in family:
                 known = self._tracked.get(proc.pid)
-                if known is None or not known[1].is_running():
-                    self._tracked[proc.pid] = (name, proc)
-                    self.on_new_process(proc.pid)
+                if known is None or not known.is_running():
+                    self._tracked[proc.pid] = proc
 
-    def started(self) -> set[str]:
-        return set(self.view.processes())
+    def launcher_exit_code(self) -> int | None:
+        return self.launcher.poll()
 
-    def dead_servers(self) -> list[tuple[str, int]]:
-        """`(server, exit code)` of every server whose wrapper exited."""
-        return [(name, popen.returncode) for name, popen in self.view.processes().items() if popen.poll() is not None]
+    def live(self) -> list[psutil.Process]:
+        self.refresh()
+        with self._lock:
+            return [proc for proc in self._tracked.values() if _alive(proc)]
 
     def pids(self) -> dict[int, str]:
-        self.refresh()
-        return {pid: name for pid, (name, proc) in self._tracked.items() if _alive(proc)}
+        names = {}
+        for proc in self.live():
+            with contextlib.suppress(psutil.Error):
+                names[proc.pid] = proc.name()
+        return names
 
     def kill_all(self) -> None:
         """SIGKILL every process, waiting for nothing."""
-        self.refresh()
-        # list() copies in one step: a health check on the loop thread may be refreshing the table meanwhile.
-        for _, proc in list(self._tracked.values()):
+        with contextlib.suppress(OSError):
+            os.killpg(self.sid, signal.SIGKILL)
+        for proc in self.live():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
     def terminate_all(self, grace_s: float) -> tuple[int, ...]:
-        """SIGTERM, SIGKILL what is left after `grace_s`, reap the wrappers; the pids that survived SIGKILL."""
-        self.refresh()
-        procs = [proc for _, proc in self._tracked.values() if _alive(proc)]
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        alive = [p for p in alive if _alive(p)]
-        for proc in alive:
+        """SIGINT to the launcher's group, SIGKILL what is left after `grace_s`, reap the launcher; the pids that
+        survived SIGKILL."""
+        procs = self.live()
+        if self.launcher_exit_code() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.sid, signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in procs + self.live()):
+            time.sleep(0.1)
+        left = self.live()
+        for proc in left:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        _, alive = psutil.wait_procs(alive, timeout=5.0)
-        for popen in self.view.processes().values():
-            with contextlib.suppress(Exception):
-                popen.wait(timeout=1.0)  # reap the wrappers (our children) so no zombie stays
+        _, alive = psutil.wait_procs(left, timeout=5.0)
+        with contextlib.suppress(Exception):
+            self.launcher.wait(timeout=1.0)  # reap the launcher (our child) so no zombie stays
         return tuple(p.pid for p in alive if _alive(p))
-
-
-def died_message(dead: Sequence[tuple[str, int]], when: str, log_dir: Any) -> str:
-    return "\n".join(
-        f"NeMo Gym server {name!r} {exit_description(code)} {when}.{log_tail(log_dir, name)}" for name, code in dead
-    )
 
 
 # ------------------------------------------------------------------------------------ process-wide hooks

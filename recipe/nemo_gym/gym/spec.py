@@ -8,7 +8,8 @@ Contract:
   (the policy servers verl found, the overrides' clash with the spec's own keys) is checked here.
 - `GymServersSpec.from_config` maps the validated YAML to a spec; relative config paths are made absolute under
   `nemo_gym.root` by `NeMoGymSection.rooted_config_paths`, the rule the config model's own check uses too.
-- `build_global_config_dict` is pure: the dict NeMo Gym parses, the spec's keys over the overrides.
+- `build_global_config_dict` is pure: the keys the plugin hands NeMo Gym (as the last config file it reads), the
+  spec's keys over the overrides.
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ class GymServersSpec:
     `config_paths` are the environments' configs; `model_server_config_path` (the training model server,
     `policy_model`, by default) is put first unless it is None. `overrides` is merged over the configs
     (nested dicts, NeMo Gym's own keys), e.g. `{"policy_model": {"responses_api_models": {"vllm_model":
-    {"uses_reasoning_parser": False}}}}`. `ray_head_node_address=None` uses the Ray this process is connected
-    to. `cache_dir` holds the venv links and uv's cache (default `$NEMO_GYM_VERL_CACHE`, else
-    `~/.cache/verl-nemo-gym`). `log_dir` becomes NeMo Gym's `nemo_gym_log_dir` (one log file per server).
+    {"uses_reasoning_parser": False}}}}`. `environment` is the Python environment Gym runs from
+    (`environment.locate_environment`: None means `$NEMO_GYM_ENV`, else `<repository>/.venv-gym`); Gym starts
+    a Ray of its own, never the trainer's. `cache_dir` holds the venv links and uv's cache (default
+    `$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`). `log_dir` becomes NeMo Gym's `nemo_gym_log_dir`
+    (one log file per server) and holds the launcher's own output (`gym_launcher.log`).
     While a batch waits, each policy server's `GET <root>/health` is probed with `policy_health_timeout_s`;
     `policy_health_failures` consecutive probes without any HTTP answer abort the batch (see `PolicyWatch`).
     """
@@ -76,7 +79,7 @@ class GymServersSpec:
     policy_base_urls: tuple[str, ...]
     policy_model_name: str
     policy_api_key: str = _default(NeMoGymSection, "policy_api_key")
-    ray_head_node_address: str | None = None
+    environment: Path | None = None
     head_server_host: str = _default(HeadServer, "host")
     head_server_port: int = _default(HeadServer, "port")
     model_server_config_path: str | None = TRAINING_MODEL_SERVER_CONFIG
@@ -86,7 +89,6 @@ class GymServersSpec:
     log_dir: Path | None = None
     startup_timeout_s: float = _default(Timeouts, "startup_s")
     shutdown_grace_s: float = _default(Timeouts, "shutdown_grace_s")
-    load_env_yaml: bool = False
     policy_health_timeout_s: float = _default(Timeouts, "policy_health_timeout_s")
     policy_health_failures: int = _default(Timeouts, "policy_health_failures")
 
@@ -110,7 +112,7 @@ class GymServersSpec:
         clashes = sorted(SPEC_OWNED_KEYS & set(self.overrides))
         if clashes:
             raise GymConfigError(f"GymServersSpec.overrides sets {clashes}, which the spec's own fields set")
-        for name in ("cache_dir", "venv_dir", "log_dir"):
+        for name in ("environment", "cache_dir", "venv_dir", "log_dir"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
@@ -137,7 +139,6 @@ class GymServersSpec:
         plugin_config: Any,
         policy_base_urls: Sequence[str],
         policy_model_name: str,
-        ray_head_node_address: str | None = None,
     ) -> GymServersSpec:
         """The spec for the plugin's validated YAML (`recipe.nemo_gym.config.NeMoGymConfig`).
 
@@ -161,7 +162,7 @@ class GymServersSpec:
             policy_base_urls=tuple(policy_base_urls),
             policy_model_name=policy_model_name,
             policy_api_key=section.policy_api_key,
-            ray_head_node_address=ray_head_node_address,
+            environment=section.environment,
             head_server_host=section.head_server.host,
             head_server_port=section.head_server.port,
             model_server_config_path=None,
@@ -195,6 +196,8 @@ class ServerInstance:
     implementation: str
     host: str | None
     port: int | None
+    pid: int | None = None
+    """The process Gym started it as (its wrapper shell), from the head server's `/server_instances`."""
 
     @property
     def server_dir(self) -> tuple[str, str]:
@@ -206,19 +209,24 @@ class ServerInstance:
         return f"http://{self.host}:{self.port}" if self.host and self.port else None
 
 
-def build_global_config_dict(
-    spec: GymServersSpec, ray_head_node_address: str, venv_dir: Path, uv_cache_dir: Path
-) -> dict[str, Any]:
-    """The `initial_global_config_dict` handed to NeMo Gym (it overrides every key of the config files)."""
-    config: dict[str, Any] = {key: value for key, value in spec.overrides.items()}
+def build_global_config_dict(spec: GymServersSpec, venv_dir: Path, uv_cache_dir: Path) -> dict[str, Any]:
+    """The keys the plugin sets in NeMo Gym's configuration, written to the config file Gym reads last.
+
+    Gym merges its config files in order, so this one's keys win over the environments' configs (a key given on
+    Gym's command line would win over it; the launcher passes only `config_paths` there). No
+    `ray_head_node_address`: Gym starts a Ray of its own.
+    """
+    # Gym 0.7's launcher probes every model endpoint before it reports ready, and exits after this long without an
+    # answer. The plugin finds verl's servers itself and health-checks them during batches (`health.PolicyWatch`);
+    # a probe through the launcher's `requests` (which honours HTTP proxy variables) only adds a way to fail.
+    config: dict[str, Any] = {"model_endpoint_readiness_timeout_seconds": 0}
+    config.update(spec.overrides)
     config.update(
         {
-            "config_paths": list(spec.all_config_paths),
             "policy_base_url": list(spec.policy_base_urls),
             "policy_api_key": spec.policy_api_key,
             "policy_model_name": spec.policy_model_name,
             "head_server": {"host": spec.head_server_host, "port": int(spec.head_server_port)},
-            "ray_head_node_address": ray_head_node_address,
             "skip_venv_if_present": True,
             "uv_venv_dir": str(venv_dir),
             "uv_cache_dir": str(uv_cache_dir),

@@ -3,10 +3,8 @@
 
 Why: verl's TaskRunner is a Ray actor; when `main_ppo`'s driver exits, Ray sends the actor SIGTERM and SIGKILLs it
 about 0.1 s later (Ray 2.60). When the SIGKILL comes before our SIGTERM hook has run (seen on loaded 2-core
-machines), no code of ours runs in the trainer, and NeMo Gym 0.4.0's servers (children of the trainer, in its
-process group) live on: until their reconnects to Ray's GCS give up after 60 s when the job's Ray went away with
-it, and indefinitely on a Ray cluster that stays up (`ray start` under Slurm). Only a process that outlives the
-trainer can stop them.
+machines), no code of ours runs in the trainer, and NeMo Gym's launcher, its servers and its own Ray (a session of
+their own) live on indefinitely. Only a process that outlives the trainer can stop them.
 
 Contract:
 - `Watchdog.spawn()` starts `python -I <this file>`, which forks once more and lets its first process exit: the
@@ -16,8 +14,11 @@ Contract:
   neither the recipe on `sys.path` nor a second of start-up. `spawn` returns once the watchdog reported its pid.
 - It holds the read end of a pipe whose write end only the trainer holds. `register(pid)` sends a pid to watch;
   the watchdog also remembers every descendant of a watched process (once a second), so a server whose wrapper
-  shell died first is still found.
-- When the pipe closes, the watchdog SIGKILLs every watched process still alive and exits. The pipe closes when
+  shell died first is still found. `register_session(sid)` watches every process of a session (NeMo Gym's
+  launcher runs in a session of its own, so a process reparented to init is still found). `remove_on_exit(path)`
+  names a folder to delete once those are killed (the run's private folder).
+- When the pipe closes, the watchdog SIGKILLs every watched process still alive, and every process of a watched
+  session, deletes the folders it was given, and exits. The pipe closes when
   the trainer calls `release()` (after its own orderly shutdown: nothing is left, nothing is killed) or when the
   trainer dies in any way, SIGKILL included: the kernel closes its descriptors. `release(wait_s)` can wait for
   the watchdog to finish (a second pipe, which closes when the watchdog exits).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import subprocess
 import sys
 
@@ -82,6 +84,20 @@ class Watchdog:
         with contextlib.suppress(OSError):
             os.write(self._write_fd, f"{pid}\n".encode())
 
+    def register_session(self, sid: int) -> None:
+        """Watch every process whose session id is `sid`."""
+        if self._write_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, f"s{sid}\n".encode())
+
+    def remove_on_exit(self, path: str) -> None:
+        """Delete the folder `path` after the kill (a path holds no newline: the pipe is line by line)."""
+        if self._write_fd is None or "\n" in path:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, f"r{path}\n".encode())
+
     def release(self, wait_s: float = 0.0) -> None:
         """Close the pipe: the watchdog kills what is still alive of the watched processes, then exits (within
         milliseconds). With `wait_s`, wait up to that long for it to exit. Idempotent."""
@@ -100,6 +116,8 @@ class Watchdog:
 def watch(read_fd: int, poll_s: float = 1.0) -> None:
     """The watchdog's loop: read pids until the pipe closes, then SIGKILL every watched process still alive."""
     watched: dict[int, psutil.Process] = {}
+    sessions: set[int] = set()
+    folders: list[str] = []
     pending = b""
     while True:
         readable, _, _ = select.select([read_fd], [], [], poll_s)
@@ -110,14 +128,38 @@ def watch(read_fd: int, poll_s: float = 1.0) -> None:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
+                if line.startswith(b"s"):
+                    sessions.add(int(line[1:]))
+                    continue
+                if line.startswith(b"r"):
+                    folders.append(os.fsdecode(line[1:]))
+                    continue
                 with contextlib.suppress(psutil.Error):
                     _remember(watched, psutil.Process(int(line)))
         _add_descendants(watched)
     _add_descendants(watched)
+    for proc in session_members(sessions):
+        _remember(watched, proc)
     for proc in watched.values():
         with contextlib.suppress(psutil.Error):
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 proc.kill()
+    if folders:
+        psutil.wait_procs(list(watched.values()), timeout=5.0)  # nothing writes into them any more
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def session_members(sessions: set[int]) -> list[psutil.Process]:
+    """Every live process whose session id is in `sessions`."""
+    members = []
+    if not sessions:
+        return members
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(pid) in sessions:
+                members.append(psutil.Process(pid))
+    return members
 
 
 def _remember(watched: dict[int, psutil.Process], proc: psutil.Process) -> None:

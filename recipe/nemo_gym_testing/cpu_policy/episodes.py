@@ -12,6 +12,9 @@ completion is generated one token per character, so re-tokenising any turn gives
   closing message: reward 1 from the environment's state comparison.
 - every other workplace row: one harmless lookup (`company_directory_find_email_address`), then a closing
   message: two model calls with a real tool result between them, reward 0.
+
+`tools_and_games_policy` plays `configs/tools_and_games.yaml`'s environments: the weather rows call `get_weather`
+and answer once its result is in (reward 1); blackjack hits once, then stands (the game's own cards decide).
 """
 
 from __future__ import annotations
@@ -52,6 +55,39 @@ def example_episodes_policy() -> ScriptedPolicy:
                 name="other workplace task: look someone up",
                 when=ScriptMatch(assistant_turns=0),
                 completion=say(_tool_call("company_directory_find_email_address", {"name": "carlos"})),
+            ),
+        ]
+    )
+
+
+WEATHER_CALL = _tool_call("get_weather", {"city": "San Francisco"})
+
+
+def tools_and_games_policy() -> ScriptedPolicy:
+    def say(text: str) -> ScriptCompletion:
+        return ScriptCompletion(text=text, split="char")
+
+    return ScriptedPolicy(
+        rules=[
+            ScriptRule(
+                name="weather: tool result seen, answer",
+                when=ScriptMatch(last_message_regex="<tool_response>"),
+                completion=say("It is cold in San Francisco: take a coat."),
+            ),
+            ScriptRule(
+                name="blackjack: first hand, hit",
+                when=ScriptMatch(assistant_turns=0, last_message_regex="Your hand:|Deal me in"),
+                completion=say("<think>\nOne more card.\n</think>\n\n<action>hit</action>"),
+            ),
+            ScriptRule(
+                name="blackjack: later hands, stand",
+                when=ScriptMatch(last_message_regex="Your hand:"),
+                completion=say("<action>stand</action>"),
+            ),
+            ScriptRule(
+                name="weather: first turn, call the tool",
+                when=ScriptMatch(assistant_turns=0),
+                completion=say(WEATHER_CALL),
             ),
         ]
     )
