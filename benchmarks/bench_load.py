@@ -11,13 +11,15 @@ let through.
 
 While the batch runs, a thread samples `psutil.Process.num_fds()` of this process (the manager), of every NeMo
 Gym server process and of the policy server (verl's `vLLMHttpServer` actor), every `--sample-interval-s`.
-Reported: episodes/s (batch wall time), start-up time, the peak FD count of each process next to that process's
-own soft RLIMIT_NOFILE, the connector limits NeMo Gym's servers were given (read from their environment, where NeMo
-Gym puts its whole config) and the one this process's client (the runtime's, which posts the rows) uses, the Gym
-release, failures, rewards, and any "Too many open files" in the servers' logs.
+Reported: episodes/s and model calls/s (batch wall time), orchestration CPU per model call (CPU time of the manager
+and of every Gym server process during the batch, over the model calls), start-up time, the peak FD count of each
+process next to that process's own soft RLIMIT_NOFILE, the connector limits NeMo Gym's servers were given (read from
+their environment, where NeMo Gym puts its whole config) and the one this process's client (the runtime's, which
+posts the rows) uses, the Gym release, failures, rewards, and any "Too many open files" in the servers' logs.
 
 `--nofile N` sets this process's RLIMIT_NOFILE to N, soft and hard, before anything starts (the NeMo Gym
 servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
+`--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
 test reads it). Without `--policy-address` the policy (a local Ray and verl's rollout in it) is started and
@@ -305,6 +307,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
             report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
             runtime = manager._runtime  # noqa: SLF001 - the benchmark measures the servers' own processes
+            if args.direct_to_agent:  # Gym 0.7: skip the environment server in front of each agent (bench only)
+                from recipe.nemo_gym.gym.client import RunTarget
+
+                agents = runtime.targets
+                runtime.targets = {s.name: RunTarget(s.name, s.url) for s in runtime.servers if s.name in agents}
             servers = {s.name for s in runtime.servers}
             server_pids = {pid: name for pid, name in runtime.pids().items() if name in servers}  # not Gym's Ray
             report["gym_version"] = runtime.version
@@ -318,12 +325,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wall = time.perf_counter() - t0
             results = manager.last_results
             rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
+            calls = sum(
+                sum(1 for item in r["response"]["output"] if item.get("generation_token_ids") is not None)
+                for r in results
+                if not isinstance(r, EpisodeFailure)
+            )
+            orchestration_cpu_s = sum(row["cpu_s"] for row in sampler.report() if row["name"] != POLICY_SERVER)
             expected = [expected_reward(args.env, row) for row in rows]
             connector = runtime._session.connector  # noqa: SLF001 - the client the rows were posted on
             report.update(
                 {
                     "batch_wall_s": wall,
                     "episodes_per_s": args.episodes / wall,
+                    "model_calls": calls,
+                    "calls_per_s": calls / wall,
+                    # CPU of the manager and every Gym server process (the policy server's aside) per model call.
+                    "orchestration_cpu_ms_per_call": 1000 * orchestration_cpu_s / max(calls, 1),
                     "output_rows": len(output),
                     "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
                     "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
@@ -356,6 +373,9 @@ def main() -> None:
     parser.add_argument("--batch-s", type=float, default=600.0)
     parser.add_argument("--sample-interval-s", type=float, default=0.1)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--direct-to-agent", action="store_true", help="post rows to the agents, not to Gym 0.7's environment servers"
+    )
     args = parser.parse_args()
     if args.nofile is not None:
         # Soft and hard: `ray.init` raises a soft limit to the hard one in the calling process, as on a cluster
@@ -368,6 +388,10 @@ def main() -> None:
         f"{report['episodes']} episodes in {report['batch_wall_s']:.1f} s: {report['episodes_per_s']:.1f} episodes/s "
         f"(start-up {report['startup_s']:.1f} s); RLIMIT_NOFILE {report['nofile']}; "
         f"failures {len(report['failures'])}; '{EMFILE_TEXT}' lines {len(report['emfile_lines'])}"
+    )
+    print(
+        f"NeMo Gym {report['gym_version']}: {report['model_calls']} model calls, {report['calls_per_s']:.1f} calls/s, "
+        f"{report['orchestration_cpu_ms_per_call']:.1f} CPU-ms per call in the manager and Gym's servers"
     )
     print(f"manager connector: {report['manager_connector']}; servers: {report['server_connector_limits']}")
     print(f"peak open FDs, all watched processes together: {report['fd_peak_total']} ({report['fd_samples']} samples)")
