@@ -19,6 +19,11 @@ posts the rows) uses, the Gym release, failures, rewards, and any "Too many open
 
 `--nofile N` sets this process's RLIMIT_NOFILE to N, soft and hard, before anything starts (the NeMo Gym
 servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
+`--policy cpu-server` serves the policy with the test-support CPU policy server (`cpu_policy/server.py`, vLLM's
+OpenAI server over our own CPU engine; the scripted answers cost next to nothing), so that the figures measure the
+orchestration (the manager and Gym) rather than the policy: the set-up the in-process figures of issue 23 were taken
+with. `--server-workers N` runs the model server and the environment server (relay) as N processes each (Gym 0.7's
+`num_workers`; its simple_agent cannot run so).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
@@ -64,6 +69,14 @@ class Environment(NamedTuple):
 
 
 ENVIRONMENTS = {
+    # One model call; the verify is a character count (our own environment, from the repository): what the batch
+    # costs is the manager, Gym's relay, agent and model server, not the environment.
+    "uppercase": Environment(
+        agent="uppercase_share_simple_agent",
+        config_path="resources_servers/uppercase_share/configs/uppercase_share.yaml",
+        data_path="resources_servers/uppercase_share/data/example.jsonl",
+        overrides={},
+    ),
     # Two model calls per episode with a real tool call between them (NeMo Gym's get_weather); verify gives 1.
     "weather": Environment(
         agent="example_single_tool_call_simple_agent",
@@ -110,14 +123,23 @@ def weather_policy() -> Any:
     )
 
 
+def uppercase_policy() -> Any:
+    """Scripted policy for the uppercase rows: an answer all in capitals (reward 1)."""
+    from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+
+    return ScriptedPolicy(rules=[ScriptRule(name="shout", completion=ScriptCompletion(text="PARIS"))])
+
+
 def policy_for(env: str) -> Any:
     from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 
+    if env == "uppercase":
+        return uppercase_policy()
     return weather_policy() if env == "weather" else example_episodes_policy()
 
 
 def expected_reward(env: str, row: dict[str, Any]) -> float:
-    if env == "weather":
+    if env in ("weather", "uppercase"):
         return 1.0
     return 1.0 if row.get("expected_answer") == "32" else 0.0  # the scripted math answer is always 32
 
@@ -222,9 +244,25 @@ def emfile_lines(paths: list[Path]) -> list[str]:
 
 
 def plugin_yaml(
-    path: Path, env: Environment, *, head_port: int, log_dir: Path, batch_s: float, default_limits: bool
+    path: Path,
+    env: Environment,
+    *,
+    head_port: int,
+    log_dir: Path,
+    batch_s: float,
+    default_limits: bool,
+    server_workers: int = 1,
 ) -> Path:
-    overrides: dict[str, Any] = dict(env.overrides)
+    overrides: dict[str, Any] = json.loads(json.dumps(env.overrides))
+    if server_workers > 1:
+        # Gym 0.7 runs a server as several uvicorn processes with `num_workers`, where its app.py exports `app` for
+        # them: vllm_model and the legacy_agent relay do, simple_agent does not (uvicorn: 'Attribute "app" not found
+        # in module "responses_api_agents.simple_agent.app"', Gym 0.7.0).
+        model = overrides.setdefault("policy_model", {}).setdefault("responses_api_models", {})
+        model.setdefault("vllm_model", {})["num_workers"] = server_workers
+        relay = f"{env.agent.removesuffix('_simple_agent')}_environment_server"
+        relay_config = {"entrypoint": "app.py", "agent_server": {"type": "responses_api_agents", "name": env.agent}}
+        overrides[relay] = {"environment_servers": {"legacy_agent": relay_config | {"num_workers": server_workers}}}
     if default_limits:
         overrides |= {LIMIT_KEY: NEMO_GYM_DEFAULT_LIMIT, LIMIT_PER_HOST_KEY: NEMO_GYM_DEFAULT_LIMIT_PER_HOST}
     config = {
@@ -259,12 +297,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     report: dict[str, Any] = {
         "env": args.env,
+        "policy": args.policy if args.policy_address is None else args.policy_address,
+        "server_workers": args.server_workers,
+        "direct_to_agent": args.direct_to_agent,
         "episodes": args.episodes,
     }
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     model_dir = tiny_qwen3_dir()
     env = ENVIRONMENTS[args.env]
-    examples = [json.loads(line) for line in (nemo_gym_install_root() / env.data_path).read_text().splitlines() if line]
+    # Our own environment's rows are in the repository (the current directory), Gym's in its installed root.
+    data_root = Path.cwd() if (Path.cwd() / env.data_path).is_file() else nemo_gym_install_root()
+    examples = [json.loads(line) for line in (data_root / env.data_path).read_text().splitlines() if line]
     for row in examples:
         row["agent_ref"] = {"type": "responses_api_agents", "name": env.agent}
     rows = [examples[i % len(examples)] for i in range(args.episodes)]
@@ -276,6 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log_dir=tmp / "logs",
         batch_s=args.batch_s,
         default_limits=args.nemo_gym_default_limits,
+        server_workers=args.server_workers,
     )
     overrides = harness.cpu_trainer_overrides(
         model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
@@ -288,7 +332,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logs: list[Path] = []
     with contextlib.ExitStack() as stack:
         stack.callback(ray.shutdown)
-        if args.policy_address is None:
+        if args.policy_address is None and args.policy == "cpu-server":
+            from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+
+            init_local_ray()  # for verl's load balancer actor, which lists the server
+            server = stack.enter_context(CPUPolicyServer(model_dir, script=policy_for(args.env)))
+            policy_address, policy_pid = f"{server.host}:{server.port}", server.proc.pid
+            logs.append(server.log_path)
+        elif args.policy_address is None:
             init_local_ray()
             script = policy_for(args.env).to_file(tmp / "script.json")
             rollout = stack.enter_context(verl_rollout(config, script_file=script))
@@ -366,6 +417,16 @@ def main() -> None:
     parser.add_argument("--env", choices=sorted(ENVIRONMENTS), default="weather")
     parser.add_argument("--nofile", type=int, default=None, help="set RLIMIT_NOFILE (soft and hard) to this first")
     parser.add_argument("--nemo-gym-default-limits", action="store_true")
+    parser.add_argument(
+        "--policy",
+        choices=["verl-vllm", "cpu-server"],
+        default="verl-vllm",
+        help="the policy started here: verl's vLLM rollout on vLLM's CPU build (default), or the test-support CPU "
+        "policy server, whose scripted answers cost next to nothing (an orchestration ceiling)",
+    )
+    parser.add_argument(
+        "--server-workers", type=int, default=1, help="Gym 0.7: run the model server and the relay as N processes"
+    )
     parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
     parser.add_argument("--ray-address", default=None, help="the Ray to join with --policy-address (default: local)")

@@ -9,7 +9,8 @@ Contract with verl (see the README, "How it works"):
 - `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
   servers verl already launched and the model name they serve, and starts NeMo Gym from its own Python
   environment (`nemo_gym.environment`) as a process tree of its own, offline, with its own Ray, within
-  `timeouts.startup_s` (`gym/launch.py`). This process imports no NeMo Gym module: it speaks to Gym over HTTP.
+  `timeouts.startup_s` (`gym/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym started elsewhere and hands
+  it the policy's address (`gym/attach.py`). This process imports no NeMo Gym module: it speaks to Gym over HTTP.
   Any failure stops everything it started and raises.
 - `generate_sequences(prompts)` takes verl's batch (non-tensor rows from `NeMoGymJSONLDataset`, each prompt
   repeated `rollout.n` times) and returns a `DataProto` of the same length and row order: `prompts`,
@@ -50,7 +51,9 @@ from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
+from recipe.nemo_gym.gym.attach import AttachedGym, AttachSpec
 from recipe.nemo_gym.gym.collect import validate_examples
+from recipe.nemo_gym.gym.connection import GymConnection
 from recipe.nemo_gym.gym.launch import GymRuntime
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
@@ -102,7 +105,7 @@ class NeMoGymAgentLoopManager:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         )
         self._loop: BackgroundLoop | None = None
-        self._runtime: GymRuntime | None = None
+        self._runtime: GymConnection | None = None
         self.agent_names: frozenset[str] = frozenset()
         # The last batch's raw NeMo Gym results and packing statistics, for inspection (the demo writes them out).
         self.last_results: list[dict[str, Any] | EpisodeFailure] = []
@@ -124,14 +127,19 @@ class NeMoGymAgentLoopManager:
                 timeout=timeouts.startup_s,
                 what="finding verl's vLLM servers",
             )
-            spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
             # Connector limits that fit this process's file limit (recipe/nemo_gym/limits.py); the user's
-            # nemo_gym.config_overrides, already in spec.overrides, win.
+            # nemo_gym.config_overrides win.
             limits = derive_connection_limits(*current_nofile_limits())
-            spec = dataclasses.replace(spec, overrides=limits.merged_under(spec.overrides))
             log = logger.warning if limits.below_floor else logger.info
             log("NeMo Gym HTTP connection limits: %s", limits.describe())
-            self._runtime = GymRuntime.start(spec, loop=self._loop)
+            if self.plugin_config.nemo_gym.attach is not None:
+                attach = AttachSpec.from_config(self.plugin_config, base_urls, model_name, _node_ip())
+                attach = dataclasses.replace(attach, overrides=limits.merged_under({}))
+                self._runtime = AttachedGym.attach(attach, loop=self._loop)
+            else:
+                spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
+                spec = dataclasses.replace(spec, overrides=limits.merged_under(spec.overrides))
+                self._runtime = GymRuntime.start(spec, loop=self._loop)
         except BaseException:
             self.shutdown()
             raise
@@ -272,6 +280,13 @@ def _data_sources(prompts: DataProto, rows) -> list[str]:
     if sources is not None:
         return [str(s) for s in sources]
     return [row["agent_ref"]["name"] for row in rows]
+
+
+def _node_ip() -> str:
+    """This node's address as Ray knows it (verl's servers are addressed the same way)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def _tokenizer(config: Any):

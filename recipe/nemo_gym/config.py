@@ -6,7 +6,9 @@ Contract:
   error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
 - Unknown keys are rejected by name, at start-up, before any server starts.
 - NeMo Gym runs from its own Python environment (`nemo_gym.environment`; unset: `$NEMO_GYM_ENV`, else the
-  `.venv-gym` that `./setup.sh` builds), as a process tree of its own; see `gym/environment.py`.
+  `.venv-gym` that `./setup.sh` builds), as a process tree of its own; see `gym/environment.py`. With
+  `nemo_gym.attach`, the plugin uses a Gym started elsewhere instead (`gym/attach.py`), and the settings of a Gym it
+  would start are refused by name.
 - NeMo Gym config paths are relative to `nemo_gym.root` when it is set; otherwise they resolve as NeMo Gym
   resolves them, against the current directory first, then the directory holding the `nemo_gym` package of
   Gym's environment (its site-packages), so a pip-installed NeMo Gym needs no clone.
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _VAR = re.compile(r"\$(\w+)|\$\{([^}]+)\}")
 
@@ -52,15 +54,50 @@ class HeadServer(_Strict):
     port: int = Field(default=11000, ge=1, le=65535)
 
 
+class Attach(_Strict):
+    """A NeMo Gym someone else started (other nodes, another Slurm job): the plugin starts and stops nothing of it,
+    and hands it verl's policy address through the `endpoint_file` of its policy model server (Gym 0.7's
+    `vllm_model`). See `gym/attach.py`."""
+
+    head_server_url: str = Field(pattern=r"^https?://[^/:]+(:\d+)?/?$")
+    """The attached Gym's head server, e.g. `http://gym-node:11000`."""
+    policy_model_server: str = "policy_model"
+    """The Gym model server that serves the policy being trained (`vllm_model_for_training.yaml` names it so)."""
+    endpoint_file: Path | None = None
+    """The endpoint file as this trainer's nodes see it. Unset: the path the model server's config names (the
+    same path on both sides of a shared file system)."""
+    relay_host: str | None = None
+    """With several verl policy servers, the address Gym reaches this trainer's policy relay at. Unset: the IP
+    address of the node the trainer runs on."""
+    relay_port: int = Field(default=0, ge=0, le=65535)
+    """The relay's port; 0 picks a free one."""
+
+
+# Settings of the NeMo Gym the plugin starts; an attached Gym runs its own configuration.
+START_ONLY_KEYS = (
+    "environment",
+    "root",
+    "config_paths",
+    "config_overrides",
+    "head_server",
+    "policy_api_key",
+    "uses_reasoning_parser",
+    "venv_dir",
+    "log_dir",
+)
+
+
 class NeMoGymSection(_Strict):
+    attach: Attach | None = None
+    """Use a NeMo Gym started elsewhere instead of starting one (its settings exclude every setting below)."""
     environment: Path | None = None
     """The Python environment NeMo Gym runs from (a venv folder or its Python). Unset: `$NEMO_GYM_ENV`, else
     `<repository>/.venv-gym`. Its nemo-gym release (0.4.x or 0.7.x) is read from it at start-up."""
     root: Path | None = None
     """NeMo Gym's root; relative `config_paths` resolve against it. Unset: NeMo Gym's own rule (the current
     directory, then the installed package's parent)."""
-    config_paths: list[str] = Field(min_length=1)
-    """The training model server config plus one config per environment."""
+    config_paths: list[str] = Field(default_factory=list)
+    """The training model server config plus one config per environment (at least one, unless `attach`)."""
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     """Extra keys merged into NeMo Gym's global config dict (deep-merged; e.g. to turn a judge off)."""
     head_server: HeadServer = HeadServer()
@@ -71,6 +108,23 @@ class NeMoGymSection(_Strict):
     """Where per-server `.venv` links to the running environment are made. Default: `nemo_gym_venvs` under the
     plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`)."""
     log_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _start_or_attach(self) -> NeMoGymSection:
+        if self.attach is None:
+            if not self.config_paths:
+                raise ValueError(
+                    "config_paths is empty: name the NeMo Gym configs to start (the training model server's and one "
+                    "per environment), or set nemo_gym.attach to use a NeMo Gym started elsewhere"
+                )
+            return self
+        clash = [key for key in START_ONLY_KEYS if key in self.model_fields_set]
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} configure the NeMo Gym the plugin starts; with nemo_gym.attach the attached Gym "
+                "runs its own configuration: remove them, or remove nemo_gym.attach"
+            )
+        return self
 
     def resolved_root(self) -> Path:
         if self.root is not None:

@@ -24,14 +24,16 @@ import pytest
 # slurm 426, manager_exit 295, reliability 225, end_to_end 205, multiturn_http 137, server_patch 89, gym_runtime 89,
 # template_matrix 61, cpu_policy_server 49, example_environment 38. The first two start together, one per worker.
 # With NeMo Gym out of process (2026-11-26) gym_runtime took 120 s alone and more_environments is a stack like
-# end_to_end's: both moved up.
+# end_to_end's: both moved up. Attach mode (2026-11-26): attach 241 s, attach_training 152 s, run alone.
 LONG_MODULES = (
     "test_load.py",
     "test_main_ppo.py",
     "test_slurm.py",
     "test_manager_exit.py",
     "test_reliability.py",
+    "test_attach.py",
     "test_end_to_end.py",
+    "test_attach_training.py",
     "test_gym_runtime.py",
     "test_more_environments.py",
     "test_multiturn_http.py",

@@ -19,6 +19,16 @@ def test_shipped_configs_validate_and_resolve_inside_installed_nemo_gym(name):
     assert config.failures.max_fraction == 0.05
 
 
+def test_shipped_attach_config_takes_the_head_server_from_the_environment(monkeypatch):
+    monkeypatch.setenv("NEMO_GYM_HEAD_SERVER_URL", "http://cpu-node-3:11000")
+    config = load_config(CONFIG_DIR / "attach.yaml")
+    assert config.nemo_gym.attach.head_server_url == "http://cpu-node-3:11000"
+    assert config.nemo_gym.config_paths == []
+    monkeypatch.delenv("NEMO_GYM_HEAD_SERVER_URL")
+    with pytest.raises(ConfigError, match=r"nemo_gym\.attach\.head_server_url: environment variable"):
+        load_config(CONFIG_DIR / "attach.yaml")
+
+
 def test_unknown_key_is_rejected_by_its_dotted_name(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("nemo_gym:\n  config_paths: [a.yaml]\n  head_sever: {port: 1}\n")

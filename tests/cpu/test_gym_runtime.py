@@ -49,6 +49,9 @@ from recipe.nemo_gym.gym.seams import (
     write_interpreter_shim,
 )
 from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
+from recipe.nemo_gym.metrics import environment_metrics
+from recipe.nemo_gym.packing.batch import BatchPacker
+from recipe.nemo_gym.packing.episode import episode_from_result
 from recipe.nemo_gym_testing.gym_runtime import collect_blocking, start_runtime
 from recipe.nemo_gym_testing.helpers import (
     ChatCompletionStub,
@@ -722,7 +725,7 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
 @pytest.mark.integration
 def test_collect_refuses_any_loop_but_the_runtimes(stack: GymRuntime) -> None:
     # The runtime's HTTP session is bound to its loop: a batch awaited anywhere else would break it.
-    with pytest.raises(RuntimeError, match="must run on the loop given to GymRuntime.start"):
+    with pytest.raises(RuntimeError, match="must run on the loop it was given"):
         asyncio.run(
             stack.collect([math_row("What is 1+1?", "2", answer="2")], deadline_s=5, health_check_interval_s=2.0)
         )
@@ -849,6 +852,50 @@ def test_a_failure_row_of_gyms_environment_server_comes_back_as_that_rows_typed_
     assert out[1].detail.startswith(
         "'uppercase_share_environment_server' /run reported failure class 'environment_server_failed' ("
     )
+
+
+@pytest.mark.integration
+def test_a_row_its_environment_masks_comes_back_masked_and_counted_by_cause(
+    tmp_path: Path, policy: PolicyStub, no_live_stack: None
+) -> None:
+    """A real Gym 0.7 resources server's verify sets `mask_sample` (tests/cpu/gym_envs/.../mask_on_request)."""
+    spec = GymServersSpec(
+        config_paths=("resources_servers/mask_on_request/configs/mask_on_request.yaml",),
+        policy_base_urls=(policy.url,),
+        policy_model_name="tiny-qwen3",
+        head_server_port=free_port(),
+        cache_dir=tmp_path / "cache",
+        startup_timeout_s=300.0,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(Path(__file__).parent / "gym_envs")  # Gym finds the test environment under the current directory
+        runtime = start_runtime(spec)
+    try:
+        if not runtime.version.startswith("0.7"):
+            pytest.fail(f"this test needs Gym 0.7's mask_sample, the suite runs Gym {runtime.version}")
+        rows = [math_row("What is 1+1?", "2", answer="2"), math_row("What is 2+2?", "4", answer="4", marker="MASKME")]
+        for row in rows:
+            row["agent_ref"]["name"] = "mask_on_request_simple_agent"
+        out = collect_blocking(runtime, rows, deadline_s=120)
+    finally:
+        runtime.shutdown()
+    assert isinstance(out[0], dict) and out[0]["reward"] == 1.0
+    assert out[1] == EpisodeFailure(
+        FailureCause.MASKED_BY_ENVIRONMENT,
+        "'mask_on_request_environment_server' /run marked the episode mask_sample (the environment asks not to "
+        "train on it)",
+        row=1,
+    )
+    # Packed as the manager packs a batch: the row trains on nothing and is counted under its own cause.
+    packer = BatchPacker(2, prompt_length=256, response_length=64, pad_token_id=0)
+    packer.add(0, episode_from_result(out[0], max_prompt_length=256), data_source="mask_on_request_simple_agent")
+    packer.add(1, out[1], fallback_prompt_ids=[1, 2, 3], data_source="mask_on_request_simple_agent")
+    packed = packer.finish()
+    metrics = environment_metrics(packed.stats)
+    assert metrics["nemo_gym/all/failed"] == 1.0
+    assert metrics["nemo_gym/all/failed/masked_by_environment"] == 1.0
+    assert packed.data.batch["response_mask"][1].sum().item() == 0
+    assert packed.data.batch["response_mask"][0].sum().item() > 0
 
 
 def test_an_agent_its_resources_server_does_not_accept_is_named_and_gyms_waiver_lifts_the_check() -> None:

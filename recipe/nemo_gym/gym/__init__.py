@@ -11,7 +11,10 @@
 - `health`: liveness of Gym's servers and of the policy servers.
 - `outcomes`: the failure cause of a row whose `/run` failed, was refused as too long, or that Gym marked failed.
 - `collect`: rows posted to their agents, outcomes returned in input order under a deadline.
+- `connection`: `GymConnection`, what a running Gym gives the manager (servers, routing, `collect`).
 - `launch`: `GymRuntime`, which starts, supervises and stops one configuration.
+- `attach`: `AttachedGym`, a Gym someone else started, handed verl's policy address through its endpoint file.
+- `relay`: `PolicyRelay`, one address in front of several policy servers (for an attached Gym).
 
 Nothing is imported here: `recipe.nemo_gym.config` imports `seams` lazily, and `spec` imports `config`, so a
 package that imported its modules would import itself in a cycle.

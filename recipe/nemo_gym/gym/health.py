@@ -16,7 +16,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from recipe.nemo_gym.gym.client import get_json
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
 from recipe.nemo_gym.gym.processes import ProcessTree, exit_description
 from recipe.nemo_gym.gym.spec import ServerInstance
@@ -32,15 +32,11 @@ from recipe.nemo_gym.gym.spec import ServerInstance
 
 def http_alive(host: str, port: int, timeout_s: float) -> bool:
     """NeMo Gym's readiness criterion: the server answers a GET / with any HTTP response."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        conn.request("GET", "/")
-        conn.getresponse().read()
-        return True
-    except (OSError, http.client.HTTPException):
+        get_json(host, port, "/", timeout_s)
+    except OSError:
         return False
-    finally:
-        conn.close()
+    return True
 
 
 # ------------------------------------------------------------------------------------ NeMo Gym's servers
@@ -125,29 +121,35 @@ class ProbeResult:
     detail: str
 
 
-async def probe_policy_server(base_url: str, timeout_s: float) -> ProbeResult:
-    """`GET <root>/health` once, bounded by `timeout_s`. Never raises for a network fault; reports it."""
+async def probe_http(url: str, timeout_s: float) -> tuple[bool, str]:
+    """`GET url` once, bounded by `timeout_s`: (answered HTTP at all, what happened). Never raises for a network
+    fault; reports it."""
     import aiohttp
 
-    url = policy_health_url(base_url)
-    # A session of its own (not NeMo Gym's global one, whose connection pool the rollouts may be filling).
+    # A session of its own (not the one rows are posted on, whose connection pool the batch may be filling).
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(url) as response:
-                return ProbeResult(base_url, True, f"HTTP {response.status}")
+                return True, f"HTTP {response.status}"
     except TimeoutError:
-        return ProbeResult(base_url, False, f"no answer within {timeout_s:g}s")
+        return False, f"no answer within {timeout_s:g}s"
     except aiohttp.ClientConnectorError as e:
         errno = getattr(e.os_error, "errno", None)
         reason = os.strerror(errno) if errno else str(e)
-        return ProbeResult(base_url, False, f"cannot connect ({reason})")
+        return False, f"cannot connect ({reason})"
     except aiohttp.ServerDisconnectedError:
-        return ProbeResult(base_url, False, "connection closed without an answer")
+        return False, "connection closed without an answer"
     except (aiohttp.ClientError, OSError) as e:
-        return ProbeResult(base_url, False, f"{type(e).__name__}: {e}")
+        return False, f"{type(e).__name__}: {e}"
     finally:
         await session.close()
+
+
+async def probe_policy_server(base_url: str, timeout_s: float) -> ProbeResult:
+    """`GET <root>/health` once, bounded by `timeout_s`. Never raises for a network fault; reports it."""
+    alive, detail = await probe_http(policy_health_url(base_url), timeout_s)
+    return ProbeResult(base_url, alive, detail)
 
 
 class PolicyWatch:

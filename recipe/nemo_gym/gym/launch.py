@@ -18,9 +18,9 @@ Contract:
   `shutdown` closes that session there.
 - `health()` / `check_health()` are cheap (process liveness of the launcher and of every server; HTTP only on
   request) and name dead servers.
-- `await collect(examples, deadline_s, ...)` runs the batch (`collect.run_examples_in_order`) on `loop`
-  (anything else raises `RuntimeError` before a request goes out). It health-checks Gym's servers and the policy
-  servers (`spec.policy_health_failures` consecutive probes without an answer abort it) while it waits.
+- `await collect(examples, deadline_s, ...)` (`connection.GymConnection`) runs the batch on `loop` (anything else
+  raises `RuntimeError` before a request goes out). It checks Gym's servers (`check_health`) and the policy servers
+  (`spec.policy_health_failures` consecutive probes without an answer abort it) while it waits.
 - `shutdown()` sends the launcher's process group SIGINT (Gym's own orderly stop: servers, then its Ray), SIGKILLs
   whatever is left after `spec.shutdown_grace_s`, removes the run's private folder (the job config, Ray's session
   files, the logs unless `spec.log_dir` keeps them elsewhere), then closes the aiohttp session on `loop` (skipped if
@@ -34,7 +34,6 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -45,18 +44,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 import yaml
 
 from recipe.nemo_gym.event_loop import BackgroundLoop
-from recipe.nemo_gym.failures import RolloutAborted
 from recipe.nemo_gym.gym import seams
-from recipe.nemo_gym.gym.client import HeadClient, RunTarget, make_post_run, pairing_problems, run_targets
-from recipe.nemo_gym.gym.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.client import HeadClient
+from recipe.nemo_gym.gym.connection import GymConnection
 from recipe.nemo_gym.gym.environment import (
     GymEnvironment,
     clean_environment,
@@ -65,7 +61,6 @@ from recipe.nemo_gym.gym.environment import (
     locate_environment,
 )
 from recipe.nemo_gym.gym.errors import (
-    GymConfigError,
     GymServerDied,
     GymStartTimeout,
     HeadPortInUseError,
@@ -73,14 +68,13 @@ from recipe.nemo_gym.gym.errors import (
 from recipe.nemo_gym.gym.health import (
     LAUNCHER,
     HealthReport,
-    PolicyWatch,
     ServerHealth,
     check_server_health,
     http_alive,
     server_health,
 )
 from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTree, exit_description, install_exit_hooks
-from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, GymServersSpec, ServerInstance, build_global_config_dict
+from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
 from recipe.nemo_gym.gym.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -139,24 +133,25 @@ def file_tail(path: Path | None, lines: int = 30) -> str:
     return f"\n--- last lines of {path} (HTTP access lines left out) ---\n{tail}" if tail else ""
 
 
-class GymRuntime:
+class GymRuntime(GymConnection):
     """A started NeMo Gym configuration. Build with `GymRuntime.start(spec, loop=...)`; stop with `shutdown()`."""
 
     def __init__(self, spec: GymServersSpec, loop: BackgroundLoop):
+        super().__init__(
+            loop,
+            overrides=spec.overrides,
+            policy_base_urls=spec.policy_base_urls,
+            policy_health_timeout_s=spec.policy_health_timeout_s,
+            policy_health_failures=spec.policy_health_failures,
+        )
         self.spec = spec
-        self.loop = loop  # borrowed: the caller created it and closes it, after `shutdown()`
         self.environment: GymEnvironment | None = None
-        self.servers: tuple[ServerInstance, ...] = ()
-        self.targets: dict[str, RunTarget] = {}
-        self.startup_s: float | None = None
         self.run_dir: Path | None = None
         self.log_dir: Path | None = None
         self.launcher_log: Path | None = None
         self._tree: ProcessTree | None = None
         self._watchdog: Watchdog | None = None
-        self._session: Any = None
         self._lock = threading.RLock()
-        self._stopped = False
         self.survivors: tuple[int, ...] = ()
 
     @property
@@ -261,19 +256,8 @@ class GymRuntime:
                     not_ready or ["head_server"],
                 )
             time.sleep(_POLL_S)
-        self.servers = tuple(servers)
-        try:
-            self.targets = run_targets(config, servers)
-        except ValueError as e:
-            raise GymConfigError(f"NeMo Gym configuration {list(spec.all_config_paths)}: {e}") from None
-        mismatched = pairing_problems(config)
-        if mismatched:
-            raise GymConfigError(
-                "rows would be scored by a resources server that does not accept the agent running them: "
-                + "; ".join(mismatched)
-                + ". Use an agent of an accepted type, or set allow_unsupported_pairing: true in "
-                "nemo_gym.config_overrides (Gym's own waiver)"
-            )
+        self.servers = tuple(servers)  # before the checks below: a shutdown after them still knows the servers
+        self._adopt(config, servers, str(list(spec.all_config_paths)))
         tree.refresh()
 
     def _raise_launcher_died(self, code: int, when: str) -> None:
@@ -286,11 +270,6 @@ class GymRuntime:
         raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
 
     # ---------------------------------------------------------------- processes and health
-
-    @property
-    def agent_names(self) -> frozenset[str]:
-        """The agent servers rows can name in `agent_ref.name`."""
-        return frozenset(s.name for s in self.servers if s.server_type == AGENT_SERVER_TYPE)
 
     def pids(self) -> dict[int, str]:
         """Every live process this runtime started (the launcher, its servers, its Ray), by pid: the name of the
@@ -324,46 +303,8 @@ class GymRuntime:
         """A dead server's own log (Gym writes one per server), else the launcher's (every server's lines)."""
         return seams.log_tail(self.log_dir, server) or file_tail(self.launcher_log)
 
-    # ---------------------------------------------------------------- rollouts
-
-    async def collect(
-        self,
-        examples: Sequence[Mapping[str, Any]],
-        deadline_s: float,
-        health_check_interval_s: float,
-    ) -> list[RowOutcome]:
-        """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
-
-        Both times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`)."""
-        self._check_not_stopped()
-        if asyncio.get_running_loop() is not self.loop.loop:
-            raise RuntimeError(
-                f"GymRuntime.collect must run on the loop given to GymRuntime.start ({self.loop.name!r}): the "
-                "runtime's HTTP session is bound to it; await it there, e.g. `await runtime.loop.arun(...)`"
-            )
-        validate_examples(examples, self.agent_names)
-        if self._session is None:
-            self._session = _client_session(self.spec.overrides)
-        spec = self.spec
-        watch = PolicyWatch(spec.policy_base_urls, spec.policy_health_timeout_s, spec.policy_health_failures)
-
-        async def health() -> None:
-            self.check_health()
-            # Gym's model server retries a policy server that does not answer forever: watch those too.
-            await watch.check()
-
-        return await run_examples_in_order(
-            examples,
-            post_run=make_post_run(self._session, self.targets),
-            deadline_s=deadline_s,
-            health_check=health,
-            health_check_interval_s=health_check_interval_s,
-            progress=ProgressLine(),
-        )
-
-    def _check_not_stopped(self) -> None:
-        if self._stopped:
-            raise RolloutAborted("NeMo Gym runtime is shut down: no batch can run")
+    async def _check_gym(self) -> None:
+        self.check_health()
 
     # ---------------------------------------------------------------- shutdown
 
@@ -420,31 +361,8 @@ class GymRuntime:
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _close_session(self) -> None:
-        session, self._session = self._session, None
-        if session is None or self.loop.closed:
-            return
-
-        async def _close() -> None:
-            await session.close()
-
-        with contextlib.suppress(Exception):
-            self.loop.run(_close(), timeout=5.0, what="closing the NeMo Gym HTTP session")
-
     def __enter__(self) -> GymRuntime:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-
-def _client_session(overrides: Mapping[str, Any]) -> Any:
-    """The aiohttp session rows are posted on, its connection limits those handed to Gym's own clients."""
-    import aiohttp
-
-    from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
-
-    connector = aiohttp.TCPConnector(
-        limit=int(overrides.get(LIMIT_KEY, 100)), limit_per_host=int(overrides.get(LIMIT_PER_HOST_KEY, 0))
-    )
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))

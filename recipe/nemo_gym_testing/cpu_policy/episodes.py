@@ -26,35 +26,37 @@ from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, Scripted
 CARLOS_REPLY = {"email_id": "00000057", "body": "Thanks for the update - I will get back to you tomorrow."}
 
 
+def _say(text: str) -> ScriptCompletion:
+    """`text` as one token per character: re-tokenizing the decoded text gives other IDs, as with a real model."""
+    return ScriptCompletion(text=text, split="char")
+
+
 def _tool_call(name: str, arguments: dict) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def example_episodes_policy() -> ScriptedPolicy:
-    def say(text: str) -> ScriptCompletion:
-        return ScriptCompletion(text=text, split="char")
-
     return ScriptedPolicy(
         rules=[
             ScriptRule(
                 name="math answer",
                 when=ScriptMatch(last_message_regex="Solve the following math problem"),
-                completion=say("<think>\nThe known count is 32.\n</think>\n\nThe answer is \\boxed{32}."),
+                completion=_say("<think>\nThe known count is 32.\n</think>\n\nThe answer is \\boxed{32}."),
             ),
             ScriptRule(
                 name="tool result seen: close",
                 when=ScriptMatch(last_message_regex="<tool_response>"),
-                completion=say("Done: I have taken care of it."),
+                completion=_say("Done: I have taken care of it."),
             ),
             ScriptRule(
                 name="reply to carlos",
                 when=ScriptMatch(assistant_turns=0, last_message_regex="Reply to carlos's last email"),
-                completion=say(_tool_call("email_reply_email", CARLOS_REPLY)),
+                completion=_say(_tool_call("email_reply_email", CARLOS_REPLY)),
             ),
             ScriptRule(
                 name="other workplace task: look someone up",
                 when=ScriptMatch(assistant_turns=0),
-                completion=say(_tool_call("company_directory_find_email_address", {"name": "carlos"})),
+                completion=_say(_tool_call("company_directory_find_email_address", {"name": "carlos"})),
             ),
         ]
     )
@@ -64,30 +66,27 @@ WEATHER_CALL = _tool_call("get_weather", {"city": "San Francisco"})
 
 
 def tools_and_games_policy() -> ScriptedPolicy:
-    def say(text: str) -> ScriptCompletion:
-        return ScriptCompletion(text=text, split="char")
-
     return ScriptedPolicy(
         rules=[
             ScriptRule(
                 name="weather: tool result seen, answer",
                 when=ScriptMatch(last_message_regex="<tool_response>"),
-                completion=say("It is cold in San Francisco: take a coat."),
+                completion=_say("It is cold in San Francisco: take a coat."),
             ),
             ScriptRule(
                 name="blackjack: first hand, hit",
                 when=ScriptMatch(assistant_turns=0, last_message_regex="Your hand:|Deal me in"),
-                completion=say("<think>\nOne more card.\n</think>\n\n<action>hit</action>"),
+                completion=_say("<think>\nOne more card.\n</think>\n\n<action>hit</action>"),
             ),
             ScriptRule(
                 name="blackjack: later hands, stand",
                 when=ScriptMatch(last_message_regex="Your hand:"),
-                completion=say("<action>stand</action>"),
+                completion=_say("<action>stand</action>"),
             ),
             ScriptRule(
                 name="weather: first turn, call the tool",
                 when=ScriptMatch(assistant_turns=0),
-                completion=say(WEATHER_CALL),
+                completion=_say(WEATHER_CALL),
             ),
         ]
     )

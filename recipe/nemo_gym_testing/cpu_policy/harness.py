@@ -34,7 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_DATA = {
     "math_with_judge_simple_agent": "resources_servers/math_with_judge/data/example.jsonl",
     "workplace_assistant_simple_agent": "resources_servers/workplace_assistant/data/example.jsonl",
+    "example_single_tool_call_simple_agent": "resources_servers/example_single_tool_call/data/example.jsonl",
 }
+DEFAULT_EXAMPLE_AGENTS = ("math_with_judge_simple_agent", "workplace_assistant_simple_agent")
 
 
 def verl_config_dir() -> Path:
@@ -188,7 +190,7 @@ def verl_llm_client(config, addresses: Sequence[str]):
     return LLMServerClient(config, load_balancer_handle=balancer)
 
 
-def example_rows(agents: Sequence[str] = tuple(EXAMPLE_DATA)) -> list[dict[str, Any]]:
+def example_rows(agents: Sequence[str] = DEFAULT_EXAMPLE_AGENTS) -> list[dict[str, Any]]:
     """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does."""
     from recipe.nemo_gym.config import NeMoGymSection
 

@@ -161,10 +161,11 @@ def scripted_overrides(script_file: Path) -> list[str]:
 
 def _agent_loop_config_with_logs(spec: JobSpec) -> Path:
     """The plugin YAML with `nemo_gym.log_dir` set (NeMo Gym's servers log to files, not the console) and the
-    job's head server port."""
+    job's head server port, unless it attaches to a Gym started elsewhere."""
     config = yaml.safe_load(spec.agent_loop_config.read_text())
-    config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
-    config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or _free_port()}
+    if "attach" not in config["nemo_gym"]:  # an attached Gym logs and listens where it was started
+        config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
+        config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or _free_port()}
     path = spec.out_dir / "agent_loop.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

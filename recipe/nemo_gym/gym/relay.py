@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`PolicyRelay`: one HTTP address in front of verl's policy servers, for a NeMo Gym that takes only one.
+
+Why: an attached Gym learns the policy's address from its model server's `endpoint_file` (Gym 0.7's `vllm_model`),
+which holds one URL, and verl may run several vLLM servers. With several, attach mode publishes this relay's URL.
+
+Contract:
+- Every request is passed on whole (method, path, query, body, `Content-Type` and `Authorization`) to one policy
+  server, and its answer comes back whole (status, body, `Content-Type`): token IDs, log-probs and error bodies
+  are not touched. A server that cannot be reached or drops the connection is answered with HTTP 502 naming it
+  (Gym retries or fails the episode; the batch's policy health checks name a server that stays down).
+- The server is the one with the fewest requests in flight; ties go round-robin (`pick_server`, pure). There is no
+  affinity: each turn of a multi-turn episode carries its own history (the token splice keeps no state in the
+  server), so any server answers any turn; what spreading costs is prefix-cache reuse between turns.
+- `start(host, port)` binds (port 0: a free one) on the event loop it is awaited on; `close()` stops it there.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+# Request headers passed on; the rest (Host, Content-Length, hop-by-hop) belong to each connection.
+_FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
+
+
+def pick_server(in_flight: Sequence[int], start: int) -> int:
+    """The index of the server with the fewest requests in flight, scanning from `start` (so ties rotate)."""
+    n = len(in_flight)
+    best = start % n
+    for step in range(1, n):
+        i = (start + step) % n
+        if in_flight[i] < in_flight[best]:
+            best = i
+    return best
+
+
+def server_root(base_url: str) -> str:
+    """`http://host:port` of an OpenAI base URL (`http://host:port/v1`)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+class PolicyRelay:
+    """Spreads HTTP requests over verl's policy servers (see the module docstring)."""
+
+    def __init__(self, base_urls: Sequence[str]):
+        if not base_urls:
+            raise ValueError("PolicyRelay needs at least one policy server")
+        self.roots = tuple(server_root(u) for u in base_urls)
+        self.in_flight = [0] * len(self.roots)
+        self.served = [0] * len(self.roots)
+        self.paths: Counter[str] = Counter()  # requests by path, for diagnostics
+        self.port: int | None = None
+        self._next = 0
+        self._runner: Any = None
+        self._session: Any = None
+
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen on `host:port` (0: any free port); return the bound port."""
+        import aiohttp
+        from aiohttp import web
+
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        # A socket bound here, so the port chosen for port 0 is known (TCPSite does not expose it).
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        await web.SockSite(self._runner, sock).start()
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    async def _handle(self, request: Any) -> Any:
+        import aiohttp
+        from aiohttp import web
+
+        i = pick_server(self.in_flight, self._next)
+        self._next = (i + 1) % len(self.roots)
+        self.in_flight[i] += 1
+        self.served[i] += 1
+        self.paths[request.path] += 1
+        url = self.roots[i] + str(request.rel_url)
+        headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
+        try:
+            body = await request.read()
+            async with self._session.request(request.method, url, data=body, headers=headers) as response:
+                payload = await response.read()
+                content_type = response.headers.get("Content-Type")
+                return web.Response(
+                    status=response.status, body=payload, headers={"Content-Type": content_type} if content_type else {}
+                )
+        except aiohttp.ClientError as e:
+            return web.Response(status=502, text=f"policy relay: policy server {self.roots[i]} failed: {e!r}")
+        finally:
+            self.in_flight[i] -= 1
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
