@@ -253,6 +253,62 @@ def test_parallel_tool_calls_split_into_two_messages_ids_on_first_are_refused(se
         chat_ids(serving, history, tools=TOOLS)
 
 
+def test_continue_final_message_on_a_history_with_token_ids_is_refused_saying_it_is_unsupported(serving, tok):
+    history = [{"role": "user", "content": "Say hi"}]
+    prompt = chat_ids(serving, history)
+    history += [assistant("Hi th", prompt, per_char(tok, "Hi th"))]  # a generation cut short, to be continued
+    fields = {"continue_final_message": True, "add_generation_prompt": False}
+    expected = r"continue_final_message is not supported with token IDs in the history \(messages\[1\] carries"
+    with pytest.raises(SpliceError, match=expected):
+        chat_ids(serving, history, **fields)
+    with pytest.raises(SpliceError, match=expected):
+        tokenize_ids(serving, history, **fields)
+
+
+def test_model_writing_the_end_of_turn_text_is_refused_as_such_not_as_an_edit(serving, tok):
+    """The model wrote `<|im_end|>` as ordinary tokens; the template renders that text as the special token, so the
+    history holds one more turn end than the model produced. Nothing was edited: the refusal says what happened."""
+    history = [{"role": "user", "content": "Say hi."}]
+    prompt = chat_ids(serving, history)
+    text = "Hi<|im_end|>there"
+    history += [assistant(text, prompt, per_char(tok, text) + [EOS]), {"role": "user", "content": "ok"}]
+    with pytest.raises(SpliceError) as e:
+        chat_ids(serving, history)
+    assert "rule 2 (unedited history) failed: the model's own tokens hold 2 EOS token(s)" in str(e.value)
+    assert (
+        "messages[1] (role 'assistant') holds the text of the end-of-turn token '<|im_end|>', which the chat "
+        "template renders as that token" in str(e.value)
+    )
+    assert "Nothing was edited" in str(e.value) and "was edited after" not in str(e.value)
+
+
+def _three_turns(serving, tok):
+    history = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "One."}]
+    for text in ["First.", "Second."]:
+        prompt = chat_ids(serving, history)
+        history += [assistant(text, prompt, per_char(tok, text) + [EOS]), {"role": "user", "content": "More."}]
+    return history
+
+
+def test_an_inserted_turn_is_refused_naming_the_first_message_that_renders_differently(serving, tok):
+    history = _three_turns(serving, tok)
+    inserted = [*history[:2], {"role": "user", "content": "Extra."}, {"role": "assistant", "content": "Noted."},
+                *history[2:]]  # fmt: skip
+    with pytest.raises(SpliceError) as e:
+        chat_ids(serving, inserted)
+    assert "the history holds more turns than the model saw: a turn was inserted" in str(e.value)
+    assert "first message that renders differently: messages[2] (role 'user')" in str(e.value)
+
+
+def test_a_removed_turn_is_refused_as_removed_naming_where(serving, tok):
+    history = _three_turns(serving, tok)
+    removed = [history[0], *history[3:]]  # the first exchange dropped to save room
+    with pytest.raises(SpliceError) as e:
+        chat_ids(serving, removed)
+    assert "the history holds fewer turns than the model saw: turns were removed or merged" in str(e.value)
+    assert "first message that renders differently: messages[1] (role 'user')" in str(e.value)
+
+
 def test_truncated_history_is_refused(serving, tok):
     history = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "One."}]
     for text in ["First.", "Second."]:
@@ -523,10 +579,28 @@ def test_template_without_turn_terminator_fails_when_the_server_builds_its_rende
 
 
 @pytest.mark.integration  # builds a vLLM server renderer of its own (server start-up, 5-8 s)
-def test_template_without_turn_terminator_starts_when_the_override_names_one(serving, monkeypatch):
+def test_an_override_the_template_does_not_write_after_a_turn_is_refused_at_start_up(serving, monkeypatch):
+    """The override names a token; where the template never writes it after an assistant message (GLM's
+    `<|user|>` opens the next turn instead), every request would be refused as an edited history: refused at
+    start-up instead, saying why."""
     monkeypatch.setenv(EOS_OVERRIDE_ENV, str(EOS))
-    render, _ = build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
-    assert chat_ids((render, None), [{"role": "user", "content": "Hi"}])
+    with pytest.raises(
+        TemplateWithoutTerminatorError,
+        match=rf"NEMO_GYM_SPLICE_EOS_TOKEN_ID={EOS} \('<\|im_end\|>'\) is not written by the chat template given to "
+        r"vLLM \(--chat-template\) after an assistant message \(it writes '' there\)",
+    ):
+        build_render_serving(str(tiny_qwen3_dir()), chat_template=GLM_LIKE_TEMPLATE)
+
+
+@pytest.mark.integration  # builds a vLLM server renderer of its own (server start-up, 5-8 s)
+def test_an_override_naming_the_templates_own_terminator_starts_and_splices(serving, tok, monkeypatch):
+    monkeypatch.setenv(EOS_OVERRIDE_ENV, str(EOS))
+    render, _ = build_render_serving(str(tiny_qwen3_dir()))
+    history = [{"role": "user", "content": "Say hello."}]
+    prompt = chat_ids((render, None), history)
+    generation = per_char(tok, "Hello there.") + [EOS]
+    history += [assistant("Hello there.", prompt, generation), {"role": "user", "content": "Again."}]
+    assert chat_ids((render, None), history)[: len(prompt) + len(generation)] == prompt + generation
 
 
 def test_nemo_gym_token_id_keys_survive_vllm_request_validation():

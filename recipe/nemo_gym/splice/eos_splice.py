@@ -21,8 +21,10 @@ Rules (each refusal is a `SpliceError` naming the rule and showing the counts):
    turn terminator and counting is meaningless.
 2. Guard: the true prefix without its trailing EOS must contain exactly N - 1 EOS tokens. When the generation
    ended on EOS this is the brief's "EOS count of the true prefix equals N". A history that was edited after
-   the model saw it (truncated, summarised, one generated message split into several) changes N and is
-   refused, never silently spliced.
+   the model saw it (truncated, summarised, a turn inserted, one generated message split into several) changes N
+   and is refused, never silently spliced; so is a history that quotes the EOS token's text (the template renders
+   it as the token). The refusal says which (`explain_turn_count`) and names the first message that renders
+   differently where rule 4's comparison finds one.
 3. The full render must contain at least N EOS tokens.
 4. Unedited history: every template token of the true prefix reappears in the full render (`history_guard`).
 
@@ -57,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from recipe.nemo_gym.splice.carriers import SpliceError, TruePrefix
-from recipe.nemo_gym.splice.history_guard import check_unedited_history
+from recipe.nemo_gym.splice.history_guard import check_unedited_history, message_text
 from recipe.nemo_gym.splice.template_probe import GenerationPrompt
 
 
@@ -110,13 +112,7 @@ def splice_with_eos_count(
         kept.pop()
     m = kept.count(eos_token_id)
     if m != n - 1:
-        total = m + int(ended_on_eos)
-        raise SpliceError(
-            f"rule 2 (unedited history) failed: the model's own tokens hold {total} EOS token(s) "
-            f"({m} before the generation's end, generation {'ended' if ended_on_eos else 'did not end'} on EOS) "
-            f"but the history rendered up to that turn holds {n}; the history was edited after the model "
-            f"produced it (truncated, summarised, or a turn split or merged)"
-        )
+        raise TurnCountMismatch(m, ended_on_eos, n)
     cut = _nth_index(full_render, eos_token_id, n)
     if cut < 0:
         raise SpliceError(
@@ -148,6 +144,65 @@ def count_eos_in_text(
     return prefix_text.count(eos_text)
 
 
+class TurnCountMismatch(SpliceError):
+    """Rule 2: the model's own tokens hold `m` EOS before the generation's end (and the generation ended on EOS or
+    not), the history rendered up to that turn `n`. The message states the counts; `check_and_splice` adds why."""
+
+    def __init__(self, m: int, ended_on_eos: bool, n: int, why: str = ""):
+        self.m, self.ended_on_eos, self.n = m, ended_on_eos, n
+        total = m + int(ended_on_eos)
+        super().__init__(
+            f"rule 2 (unedited history) failed: the model's own tokens hold {total} EOS token(s) "
+            f"({m} before the generation's end, generation {'ended' if ended_on_eos else 'did not end'} on EOS) "
+            f"but the history rendered up to that turn holds {n}" + (f"; {why}" if why else "")
+        )
+
+
+def explain_turn_count(
+    mismatch: TurnCountMismatch,
+    true_prefix: TruePrefix,
+    full_render: Sequence[int],
+    eos_token_id: int,
+    decode: Callable[[Sequence[int]], str],
+    generation_prompt: Callable[[], GenerationPrompt],
+    messages: Sequence[Any],
+) -> TurnCountMismatch:
+    """Rule 2's refusal with its cause where the history tells it (pure; decodes only now, on a refused request):
+
+    - a message up to the carrier holds the end-of-turn token's text, which the template renders as the token
+      (the model wrote it as ordinary tokens, or a user or tool message quotes it): nothing was edited, but the
+      history renders more turn ends than the model produced;
+    - otherwise turns were removed or merged (fewer turn ends than the model produced) or inserted or split
+      (more), and rule 4's comparison names the first message that renders differently, where it finds one.
+    """
+    more = mismatch.n > mismatch.m + 1  # the history renders more turn ends than the model's tokens hold
+    eos_text = decode([eos_token_id])
+    upto = messages[: true_prefix.message_index + 1]
+    quoting = next((i for i, message in enumerate(upto) if eos_text and eos_text in message_text(message)), None)
+    if more and quoting is not None:
+        role = messages[quoting].get("role")
+        why = (
+            f"messages[{quoting}] (role {role!r}) holds the text of the end-of-turn token {eos_text!r}, which the "
+            "chat template renders as that token, so the history renders more turn ends than the model's tokens "
+            "hold. Nothing was edited, but this history cannot be rendered as the model saw it. If the model wrote "
+            f"it, stop generation on {eos_text!r} (a stop string)"
+        )
+        return TurnCountMismatch(mismatch.m, mismatch.ended_on_eos, mismatch.n, why)
+    why = (
+        "the history holds more turns than the model saw: a turn was inserted, or one generation split across messages"
+        if more
+        else "the history holds fewer turns than the model saw: turns were removed or merged after it produced "
+        "them (truncated, summarised)"
+    )
+    try:
+        check_unedited_history(true_prefix, full_render, eos_token_id, decode, generation_prompt, messages)
+    except SpliceError as e:
+        located = str(e).split("; first edited message: ", 1)
+        if len(located) == 2:
+            why += f"; first message that renders differently: {located[1].split('. The model saw', 1)[0]}"
+    return TurnCountMismatch(mismatch.m, mismatch.ended_on_eos, mismatch.n, why)
+
+
 def check_and_splice(
     true_prefix: TruePrefix,
     prefix_eos_count: int,
@@ -157,7 +212,13 @@ def check_and_splice(
     generation_prompt: Callable[[], GenerationPrompt],
     messages: Sequence[Any] = (),
 ) -> list[int]:
-    """Rules 1 to 3 (`splice_with_eos_count`), then rule 4 (`check_unedited_history`); the spliced prompt IDs."""
-    spliced = splice_with_eos_count(true_prefix.token_ids, prefix_eos_count, full_render, eos_token_id)
+    """Rules 1 to 3 (`splice_with_eos_count`), then rule 4 (`check_unedited_history`); the spliced prompt IDs.
+    A rule 2 refusal says why the counts differ (`explain_turn_count`)."""
+    try:
+        spliced = splice_with_eos_count(true_prefix.token_ids, prefix_eos_count, full_render, eos_token_id)
+    except TurnCountMismatch as mismatch:
+        raise explain_turn_count(
+            mismatch, true_prefix, full_render, eos_token_id, decode, generation_prompt, messages
+        ) from None
     check_unedited_history(true_prefix, full_render, eos_token_id, decode, generation_prompt, messages)
     return spliced

@@ -53,7 +53,8 @@ def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, Mapping) else None
 
 
-def _message_text(message: Any) -> str:
+def message_text(message: Any) -> str:
+    """A message's text content (its text parts joined); "" when it has none."""
     content = message.get("content") if isinstance(message, Mapping) else None
     if isinstance(content, str):
         return content
@@ -122,11 +123,11 @@ def _edit_message(
     candidates = list(range(previous + 1, carrier))
     if at_head:  # a template that hoists system messages renders later ones at the head
         candidates += [i for i in range(carrier + 1, len(messages)) if _role(messages[i]) == "system"]
-    edited = next((i for i in candidates if _message_text(messages[i]) not in model_text), None)
+    edited = next((i for i in candidates if message_text(messages[i]) not in model_text), None)
     if edited is None:
         offset = 0
         for i in candidates:
-            text = _message_text(messages[i])
+            text = message_text(messages[i])
             found = now_text.find(text, offset) if text else -1
             if found >= 0 and found <= same < found + len(text):  # the first difference is inside this text
                 edited = i

@@ -7,6 +7,8 @@ the served template; these pure functions read from those texts:
 - `text_after_assistant` and `turn_terminator`: the template's turn terminator, the first special token it
   writes after an assistant message's content. That is the EOS the splice counts (`eos_splice`), not
   necessarily the tokenizer's `eos_token`.
+- `round_trip`: what the served tokenizer makes of the probe answer, encoded then decoded; a tokenizer that does
+  not give the text back produces other tokens than the model's, for every request.
 - `read_generation_prompt`: the `GenerationPrompt`, what the template writes after a user message when a
   generation follows, and the part of it a history message does not share (`unshared`), which rule 4
   (`history_guard`) allows to differ.
@@ -17,7 +19,7 @@ Pure: no vLLM, Ray or HTTP import; `recipe.nemo_gym.server_patch.template` rende
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 PROBE_USER = "Probe question, please answer."
@@ -70,6 +72,12 @@ def read_generation_prompt(renders: ProbeRenders) -> GenerationPrompt:
         return GenerationPrompt(text, "")
     history = renders.exchange_continued[continued + len(PROBE_USER) :]
     return GenerationPrompt(text, os.path.commonprefix([text, history]))
+
+
+def round_trip(encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> str | None:
+    """What `decode(encode(PROBE_ASSISTANT))` gives back when it is not `PROBE_ASSISTANT`; None when it is."""
+    back = decode(encode(PROBE_ASSISTANT))
+    return None if back == PROBE_ASSISTANT else back
 
 
 def text_after_assistant(renders: ProbeRenders) -> str | None:
