@@ -36,7 +36,7 @@ from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, policy_health_u
 from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_cause, server_error_failure
 from recipe.nemo_gym.gym.spec import GymServersSpec
 from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
-from recipe.nemo_gym.splice.eos_splice import splice_prompt_ids
+from recipe.nemo_gym.splice.eos_splice import TurnCountMismatch, splice_prompt_ids
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
@@ -109,10 +109,12 @@ def splice_refusals() -> dict[str, str]:
 
 
 def captured_refusal() -> SpliceError:
-    """The refusal of REAL_REFUSAL_BODY, raised again: 4 EOS in the model's tokens, 3 in the render."""
-    with pytest.raises(SpliceError) as err:
+    """The refusal of REAL_REFUSAL_BODY, raised again: 4 EOS in the model's tokens, 3 in the render. The capture
+    predates rule 2's explained causes (`eos_splice.explain_turn_count`), so its cause text is given as it was."""
+    with pytest.raises(TurnCountMismatch) as err:
         splice_prompt_ids([EOS, EOS, EOS, 1, EOS], [EOS, EOS, EOS], [EOS] * 4, eos_token_id=EOS)
-    return err.value
+    old_cause = "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
+    return TurnCountMismatch(err.value.m, err.value.ended_on_eos, err.value.n, old_cause)
 
 
 def test_real_splice_refusal_relayed_by_nemo_gym_is_contiguity_broken_with_a_readable_detail():
