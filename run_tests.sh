@@ -8,8 +8,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # Slurm and munge for tests/cpu/test_slurm.py (the submit scripts under a real one-node Slurm cluster):
 # installed with apt-get when missing and running as root; otherwise a message, and those tests say why.
 tests/cpu/install_slurm.sh
-# Two pytest-xdist workers (NG_TEST_WORKERS), each taking whole modules in the order conftest.py gives them:
-# most of a trainer's start-up is single-threaded imports, so two at once use both cores. NeMo Gym runs from
+# Two pytest-xdist workers (NG_TEST_WORKERS), each taking whole modules in the order conftest.py gives them, one
+# of them all the modules that start a trainer or a vLLM server (one such module at a time fits in 24 GB): most of
+# a trainer's start-up is single-threaded imports, so two workers use both cores. NeMo Gym runs from
 # .venv-gym (Gym 0.7.0) in all of them.
 status=0
 .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || status=$?

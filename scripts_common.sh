@@ -439,6 +439,8 @@ ng_wait_for_ray_nodes() {  # address expected timeout_s [pid name]...
     done
 }
 
+NG_TRAINER_LOG=""
+NG_JOB_TMP=""
 NG_PIDS=()
 NG_NAMES=()
 NG_GROUPS=()  # 1 where the process leads its own process group (the trainer, started with setsid)
@@ -492,6 +494,22 @@ ng_teardown() {
     # (created since it started, held by no process: recipe/nemo_gym/leftovers.py).
     if [[ -n "${NG_STARTED_AT:-}" && -x "${PYTHON:-}" ]]; then
         PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.leftovers "$NG_STARTED_AT" || true
+    fi
+    local cause=""
+    if ((rc != 0)) && [[ -s "$NG_TRAINER_LOG" ]]; then
+        cause=$(PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.failure_cause "$NG_TRAINER_LOG" 2>/dev/null) || true
+    fi
+    if [[ -n "$NG_JOB_TMP" ]]; then  # the trainer's log copy included
+        rm -rf "$NG_JOB_TMP"
+        if [[ -n "${SLURM_JOB_ID:-}" && "${NNODES:-1}" -gt 1 ]]; then  # other nodes made it when their Ray started
+            srun --overlap --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 rm -rf "$NG_JOB_TMP" 2>/dev/null ||
+                ng_log "could not remove $NG_JOB_TMP on every node"
+        fi
+    fi
+    if [[ -n "$cause" ]]; then
+        ng_log "the trainer failed (exit status $rc); its error (the whole output is above):"
+        local line
+        while IFS= read -r line; do echo "submit:   $line" >&2; done <<<"$cause"
     fi
     exit "$rc"
 }
@@ -568,6 +586,26 @@ ng_supervise() {  # trainer-pid
     done
 }
 
+# With STRATEGY=megatron, the modules verl's chosen Megatron path imports must be in $VENV before Ray starts
+# (recipe/nemo_gym/preflight.py): otherwise the job would die minutes in, inside a Ray actor.
+ng_check_megatron() {
+    [[ "$STRATEGY" == megatron ]] || return 0
+    local -a flags=()
+    local arg report
+    for arg in "${NG_OVERRIDES[@]}"; do
+        [[ "$arg" != *vanilla_mbridge=true && "$arg" != *vanilla_mbridge=True ]] || flags=(--vanilla-mbridge)
+    done
+    # The user's PYTHONPATH counts: containers often put Megatron-Bridge there from a source checkout.
+    if ! report=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipe.nemo_gym.preflight megatron \
+        "${flags[@]}" 2>&1); then
+        if [[ "${DRY_RUN:-0}" == 1 ]]; then
+            ng_log "DRY_RUN: a real run would stop here: ${report#preflight: }"
+            return 0
+        fi
+        ng_die "STRATEGY=megatron: ${report#preflight: }"
+    fi
+}
+
 ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user overrides...]
     local env_yaml=$1 train_var=$2 val_var=$3 experiment=$4
     shift 4
@@ -576,6 +614,7 @@ ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user ov
     ng_build_overrides "$env_yaml" "$train_var" "$val_var" "$experiment"
     ng_append_backend_overrides
     NG_OVERRIDES+=("$@")
+    ng_check_megatron
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         ng_log "DRY_RUN: the trainer command, one argument per line (nothing started); workers get" \
             "PYTHONPATH=$REPO_DIR VERL_USE_EXTERNAL_MODULES=$NG_EXTERNAL_MODULES" "${NG_BACKEND_ENV[@]}"
@@ -614,6 +653,11 @@ ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user ov
     fi
     [[ -z "$WANDB_API_KEY" ]] || export WANDB_API_KEY
     NG_STARTED_AT=$(date +%s)
+    # A temporary folder of the job's own for every process it starts (TMPDIR, exported before `ray start` and
+    # handed to every node by srun): Ray's session folder unless RAY_TEMP_DIR says otherwise, vLLM's sockets, wandb's
+    # and verl's checkpoint locks. The teardown removes it, on every node of a Slurm job.
+    NG_JOB_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ngjob-XXXXXXXX") || ng_die "cannot create a temporary folder in ${TMPDIR:-/tmp}"
+    export TMPDIR="$NG_JOB_TMP"
     trap ng_teardown EXIT
     trap 'exit 143' TERM
     trap 'exit 130' INT
@@ -623,7 +667,11 @@ ng_main() {  # env-config-yaml train-files-var val-files-var experiment [user ov
     ng_log "starting the trainer against Ray at $NG_RAY_ADDRESS"
     # In a process group of its own (setsid does not fork here: a background job of a non-interactive shell is
     # no group leader, so the trainer's pid is the group's id), so that the teardown also finds what it leaves.
-    RAY_ADDRESS="$NG_RAY_ADDRESS" setsid "$PYTHON" -m verl.trainer.main_ppo "${NG_OVERRIDES[@]}" &
+    # Its output also goes to a file of this job (tee): when it fails, the teardown ends the job's output with the
+    # cause read from it (recipe/nemo_gym/failure_cause.py), not ~1,000 lines above.
+    NG_TRAINER_LOG="$NG_JOB_TMP/trainer.log"
+    RAY_ADDRESS="$NG_RAY_ADDRESS" setsid "$PYTHON" -m verl.trainer.main_ppo "${NG_OVERRIDES[@]}" \
+        > >(tee -a "$NG_TRAINER_LOG") 2>&1 &
     local trainer=$!
     ng_track "$trainer" "the trainer (verl.trainer.main_ppo)" 1
     ng_supervise "$trainer"

@@ -98,7 +98,7 @@ if ! gym_ready; then
     target=()
     if [[ "$(printf '%s\n%s\n' "$PY313_VERSION" "$GYM_PYTHON_FLOOR" | sort -V | head -1)" != "$GYM_PYTHON_FLOOR" ]]; then
         echo "setup.sh: NeMo Gym 0.7 needs Python >= $GYM_PYTHON_FLOOR; only $PY313_VERSION found ($PY313): installing" \
-            "packages resolved for $GYM_PYTHON_FLOOR onto it (uv --python-version; see README, 'Two environments')" >&2
+            "packages resolved for $GYM_PYTHON_FLOOR onto it (uv --python-version; see docs/nemo-gym.md)" >&2
         target=(--python-version "$GYM_PYTHON_FLOOR")
     fi
     echo "setup.sh: syncing .venv-gym with packaging/gym-requirements.txt (Python: $PY313 $PY313_VERSION)" >&2

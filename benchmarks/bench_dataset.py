@@ -9,6 +9,9 @@ everything imported (torch, numpy, the dataset module) and the file written and 
 growth is what opening the dataset itself keeps resident (index plus bookkeeping). The file's page cache is not
 in RSS: rows are read with `os.pread`, not mapped. Target: < 64 MB beyond the baseline.
 
+The start-up check of every row (`recipe/nemo_gym/data_check.py`, what the manager runs before step 1 unless
+`data.check_rows: false`) is timed over the whole file last.
+
 Random access: `--samples` uniformly random `dataset[i]` (read, parse, validate, build the item) after
 opening; reports the mean and the 99th percentile. Target: < 1 ms per row. The file was just written, so it
 is in the page cache: this measures the dataset's own cost, not the disk.
@@ -29,12 +32,15 @@ import time
 import numpy as np
 import psutil
 
+from recipe.nemo_gym.data_check import check_data_files
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+
+AGENTS = ("math_with_judge_simple_agent", "workplace_assistant_simple_agent", "blackjack_agent")
 
 
 def write_file(path: str, rows: int, row_bytes: int) -> None:
     rng = random.Random(0)
-    agents = ["math_with_judge_simple_agent", "workplace_assistant_simple_agent", "blackjack_agent"]
+    agents = AGENTS
     base = {
         "responses_create_params": {
             "input": [
@@ -98,6 +104,15 @@ def main() -> None:
             f"over {len(indices):,} reads (target < 1 ms)"
         )
         print(f"RSS after the reads {after_reads / 2**20:.1f} MiB (+{(after_reads - after_open) / 2**20:.1f} MiB)")
+
+        # The start-up check of every row (`data.check_rows`, on by default): parse, fields, agent.
+        t0 = time.perf_counter()
+        check = check_data_files([path], AGENTS)
+        checked = time.perf_counter() - t0
+        print(
+            f"checked all {check.rows:,} rows in {checked:.2f} s ({size / 2**20 / checked:.0f} MiB/s), "
+            f"{len(check.bad)} bad; RSS after {rss() / 2**20:.1f} MiB"
+        )
     finally:
         os.unlink(path)
 

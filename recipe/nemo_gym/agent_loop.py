@@ -11,6 +11,8 @@ Contract with verl (see the README, "How it works"):
   environment (`nemo_gym.environment`) as a process tree of its own, offline, with its own Ray, within
   `timeouts.startup_s` (`gym/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym started elsewhere and hands
   it the policy's address (`gym/attach.py`). This process imports no NeMo Gym module: it speaks to Gym over HTTP.
+  Then every row of `data.train_files` and `data.val_files` is checked against the agents Gym serves
+  (`data_check.py`, `data.check_rows`): all bad rows are raised at once, before step 1.
   Any failure stops everything it started and raises.
 - `generate_sequences(prompts)` takes verl's batch (non-tensor rows from `NeMoGymJSONLDataset`, each prompt
   repeated `rollout.n` times) and returns a `DataProto` of the same length and row order: `prompts`,
@@ -40,6 +42,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import sys
 import time
 from typing import Any
 
@@ -48,6 +52,7 @@ from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
+from recipe.nemo_gym.data_check import DataFilesError, check_data_files
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
@@ -73,6 +78,24 @@ from recipe.nemo_gym.rollout_requests import DO_SAMPLE_KEY, build_example, real_
 from recipe.nemo_gym.verl_servers import discover_policy_servers
 
 logger = logging.getLogger(__name__)
+PLUGIN_LOGGER = "recipe.nemo_gym"
+LOG_LEVEL_ENV = "NEMO_GYM_VERL_LOGGING_LEVEL"
+
+
+def configure_plugin_logging() -> None:
+    """Give the plugin's loggers a stderr handler of their own (level `$NEMO_GYM_VERL_LOGGING_LEVEL`, default
+    WARNING), as verl does for its own (`verl.utils.logging_utils.configure_verl_logging`): in verl's TaskRunner the
+    root logger drops WARNING records (checked with verl 0.9.1), so without it the progress lines and the
+    start-up summary never reached the job's output. Idempotent; called when the manager is built, not at import."""
+    plugin = logging.getLogger(PLUGIN_LOGGER)
+    if any(getattr(h, "_nemo_gym_plugin", False) for h in plugin.handlers):
+        return
+    handler = logging.StreamHandler(stream=sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:%(asctime)s:%(message)s"))  # verl's format
+    handler._nemo_gym_plugin = True  # type: ignore[attr-defined]  # marks ours, for idempotence
+    plugin.addHandler(handler)
+    plugin.setLevel(os.environ.get(LOG_LEVEL_ENV, "WARNING"))
+    plugin.propagate = False
 
 
 class NeMoGymAgentLoopManager:
@@ -89,6 +112,7 @@ class NeMoGymAgentLoopManager:
                 "episode and its environment gives the reward. Remove the teacher configuration."
             )
         # reward_loop_worker_handles are ignored on purpose: the environment's reward is the reward.
+        configure_plugin_logging()
         self.config = config
         self.rollout_config = config.actor_rollout_ref.rollout
         path = self.rollout_config.agent.get("agent_loop_config_path")
@@ -140,10 +164,12 @@ class NeMoGymAgentLoopManager:
                 spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
                 spec = dataclasses.replace(spec, overrides=limits.merged_under(spec.overrides))
                 self._runtime = GymRuntime.start(spec, loop=self._loop)
+            self.agent_names = self._runtime.agent_names
+            if self.plugin_config.data.check_rows:
+                self._check_data_files()
         except BaseException:
             self.shutdown()
             raise
-        self.agent_names = self._runtime.agent_names
         logger.warning(
             "NeMo Gym %s ready in %.0f s: agents %s; policy %s at %s",
             self._runtime.version,
@@ -151,6 +177,31 @@ class NeMoGymAgentLoopManager:
             sorted(self.agent_names),
             model_name,
             base_urls,
+        )
+
+    def _check_data_files(self) -> None:
+        """Every row of verl's data files, before step 1 (`data_check.py`): all bad rows raised at once."""
+        data = self.config.get("data") or {}
+        # A file given as both training and validation data is read once: each bad row is reported once.
+        paths = list(dict.fromkeys(str(p) for key in ("train_files", "val_files") for p in _as_list(data.get(key))))
+        # In `main_ppo` verl's dataset has opened every file before this runs; a missing one means the manager runs
+        # without verl's trainer (a benchmark, a test) and its config names verl's placeholder files.
+        missing = [p for p in paths if not os.path.isfile(os.path.expanduser(p))]
+        if missing:
+            logger.warning("NeMo Gym: data files not found, not checked: %s", missing)
+        paths = [os.path.expanduser(p) for p in paths if p not in missing]
+        if not paths:
+            return
+        started = time.perf_counter()
+        check = check_data_files(paths, self.agent_names, data.get("default_agent_name"))
+        if check.bad:
+            raise DataFilesError(check, paths)
+        logger.warning(
+            "NeMo Gym: all %d rows of %s can run on the configured agents (checked in %.1f s; data.check_rows in %s)",
+            check.rows,
+            ", ".join(paths),
+            time.perf_counter() - started,
+            self.config_path,
         )
 
     def shutdown(self) -> None:
@@ -280,6 +331,13 @@ def _data_sources(prompts: DataProto, rows) -> list[str]:
     if sources is not None:
         return [str(s) for s in sources]
     return [row["agent_ref"]["name"] for row in rows]
+
+
+def _as_list(files: Any) -> list[Any]:
+    """verl's `data.train_files`: one path or a list of them (a ListConfig from Hydra); None is none."""
+    if files is None:
+        return []
+    return [files] if isinstance(files, str | os.PathLike) else list(files)
 
 
 def _node_ip() -> str:

@@ -175,10 +175,18 @@ class Failures(_Strict):
     episodes: a batch of B tolerates ceil(max_fraction x B) failures, so at least one when max_fraction > 0."""
 
 
+class Data(_Strict):
+    check_rows: bool = True
+    """Before step 1, read every row of verl's `data.train_files` and `data.val_files` and refuse the run listing
+    every row that cannot be trained on, by file and line (`data_check.py`). Turn off only for files too large
+    to read at start-up; a bad row then stops the run at the step that reads it."""
+
+
 class NeMoGymConfig(_Strict):
     nemo_gym: NeMoGymSection
     timeouts: Timeouts = Timeouts()
     failures: Failures = Failures()
+    data: Data = Data()
 
     @field_validator("nemo_gym", mode="before")
     @classmethod

@@ -24,7 +24,14 @@ import json
 import sys
 from pathlib import Path
 
-from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, run_job, write_reward_plot
+from recipe.nemo_gym_testing.cpu_training.job import (
+    REPO_ROOT,
+    JobSpec,
+    OutputFolderInUse,
+    hold_output_folder,
+    run_job,
+    write_reward_plot,
+)
 
 BLEND = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "demo_blend.yaml"
 UPPERCASE_ROWS = REPO_ROOT / "resources_servers" / "uppercase_share" / "data" / "train.jsonl"
@@ -56,12 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "demo")
     args = parser.parse_args(argv)
+    out = args.out.resolve()
+    try:
+        with hold_output_folder(out):  # before anything is written there
+            return _run(out, args.steps)
+    except OutputFolderInUse as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C before the trainer started (while the trainer runs, run_job handles it)
+        print("demo: interrupted (SIGINT) before training started", file=sys.stderr)
+        return 130
 
+
+def _run(out: Path, steps: int) -> int:
     from recipe.nemo_gym_testing.cpu_policy import harness
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
     print("The policy is a tiny random-weight Qwen3 model trained on CPU (real tokenizer and chat template):")
     print("it scores 0 on math and workplace; uppercase_share's graded reward is the one that can rise.", flush=True)
     # Training: 32 uppercase_share rows and NeMo Gym's 5 math rows, so 7 of a step's 8 prompts are, on average, ones
@@ -77,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_loop_config=BLEND,
         train_files=[train],
         val_files=[val],
-        steps=args.steps,
+        steps=steps,
         batch_size=8,
         n=8,
         prompt_length=768,
@@ -87,15 +104,16 @@ def main(argv: list[str] | None = None) -> int:
         # fewer tokens.
         response_length=4,
         lr=3e-1,
-        save_freq=args.steps,
+        save_freq=steps,
         test_freq=-1,
         val_before_train=True,
     )
-    result = run_job(spec, console=lambda line: print(line, flush=True))
+    result = run_job(spec, console=lambda line: print(line, flush=True))  # a failure's cause ends its output
     plot = write_reward_plot(result.steps, out / "reward.png")
-    print(f"main_ppo exited with {result.returncode} after {result.elapsed_s:.0f} s")
-    print(f"metrics: {spec.metrics_file}; reward plot: {plot}; checkpoints: {spec.checkpoint_dir}")
-    return result.returncode
+    if result.exit_status == 0:
+        print(f"main_ppo finished in {result.elapsed_s:.0f} s")
+        print(f"metrics: {spec.metrics_file}; reward plot: {plot}; checkpoints: {spec.checkpoint_dir}")
+    return result.exit_status
 
 
 if __name__ == "__main__":

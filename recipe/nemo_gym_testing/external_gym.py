@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A NeMo Gym started the way the README tells a user to start one for attach mode (`gym env start` from Gym's own
+"""A NeMo Gym started the way docs/attach-mode.md tells a user to start one (`gym env start` from Gym's own
 environment, the policy left to an endpoint file), outside any manager: what `nemo_gym.attach` tests attach to.
 
 `ExternalGym.start(...)` runs `attach_command` as a process tree of its own (its own session, `RAY_*` removed, a
@@ -36,7 +36,7 @@ MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_tr
 def attach_command(
     gym_bin: Path, config_paths: Sequence[str], *, endpoint_file: Path, model_name: str, port: int
 ) -> list[str]:
-    """The README's command (section "NeMo Gym on other nodes"), for `config_paths` after the model server's."""
+    """The command of docs/attach-mode.md ("The Gym job"), for `config_paths` after the model server's."""
     paths = ",".join([MODEL_SERVER_CONFIG, *config_paths])
     server = "policy_model.responses_api_models.vllm_model"
     return [

@@ -6,41 +6,64 @@ Tiers: a test that starts a server, a subprocess stack, Ray, a trainer or Slurm 
 
 `--shuffle SEED` runs the modules in a random order and, within each module, the tests in a random order (a
 module's tests stay together, so its module-scoped fixtures are built once). The same seed gives the same order.
-Without it, the modules that take minutes (`LONG_MODULES`) come first: `./run_tests.sh` runs the suite on two
-pytest-xdist workers, one module at a time each (`--dist loadfile`, in collection order), and a long module
-started last would leave one worker running it alone at the end.
+
+Scheduling (`./run_tests.sh`: two pytest-xdist workers, `--dist loadfile`): every module is one work unit, except
+the `HEAVY_MODULES`, which together are one unit (`pytest_xdist_make_scheduler` below), so one worker runs them
+one after another while the other runs the rest. Each of them starts verl's trainer or vLLM server beside NeMo
+Gym's servers (8-12 GB); two at once passed Ray's memory limit on a 24 GB machine (CI, 2026-11-26:
+`OutOfMemoryError ... 21.99GB used / 23.54GB`, workers killed during step 2's weight sync of `test_main_ppo` while
+`test_load` ran). Without `--shuffle` the heavy unit comes first; the other worker runs the modules without
+servers first and the ones that start servers last (`SERVER_MODULES`), away from `test_main_ppo`.
+
+Leftovers: the session gives every process it starts a temporary folder of its own (`TMPDIR`: a `ngsuite-*` folder
+in the system's), so what test fixtures' servers leave there (vLLM's sockets, Ray's sessions) goes with it at the
+end. At the end it fails if any training run left its temporary folder (`ngjob-*`, which the job runner removes
+when a run ends), or if anything new is left in the system's temporary folder or in /dev/shm (nothing of the
+runs may be; `recipe/nemo_gym/leftovers.py` removes what vLLM and verl leave in /dev/shm). pytest's own folders
+(`pytest-of-<user>`) stay where pytest puts them.
+
 Plain helpers (free ports, process scans, stub servers, rows) are in `recipe/nemo_gym_testing/helpers.py`.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
-# Slowest first (minutes each on a 2-core machine: trainer runs, Slurm jobs, load tests, stacks of servers), so that
-# the two workers, each taking the next module when it is free, end close together. Measured (2026-11-25, the 40
-# slowest test phases of a passing `./run_tests.sh --durations=40`, summed by module): main_ppo 758 s, load 622,
-# slurm 426, manager_exit 295, reliability 225, end_to_end 205, multiturn_http 137, server_patch 89, gym_runtime 89,
-# template_matrix 61, cpu_policy_server 49, example_environment 38. The first two start together, one per worker.
-# With NeMo Gym out of process (2026-11-26) gym_runtime took 120 s alone and more_environments is a stack like
-# end_to_end's: both moved up. Attach mode (2026-11-26): attach 241 s, attach_training 152 s, run alone.
-LONG_MODULES = (
-    "test_load.py",
+# The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
+# Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
+# slurm 426, attach 241, attach_training 152; job_failures (five small jobs) about 600.
+HEAVY_MODULES = (
     "test_main_ppo.py",
+    "test_load.py",
     "test_slurm.py",
-    "test_manager_exit.py",
-    "test_reliability.py",
     "test_attach.py",
-    "test_end_to_end.py",
     "test_attach_training.py",
+    "test_job_failures.py",
+)
+HEAVY_GROUP = "heavy"
+# The other modules that start servers (NeMo Gym stacks, policy servers): they run last on the other worker, the
+# ones with the most processes last, so that they meet the heavy worker's later, smaller modules and not
+# test_main_ppo (main_ppo beside test_manager_exit reached 22.7 of 23.5 GB here). Their measured times: manager_exit
+# 295 s, reliability 225, end_to_end 205, gym_runtime 120, more_environments ~150, multiturn_http 137, server_patch
+# 89, template_matrix 61, cpu_policy_server 49, example_environment 38. The other worker's total (~41 min) stays
+# below the heavy worker's (~52 min), so the order costs no time.
+SERVER_MODULES = (
+    "test_example_environment.py",
+    "test_cpu_policy_server.py",
+    "test_template_matrix.py",
+    "test_server_patch.py",
+    "test_multiturn_http.py",
     "test_gym_runtime.py",
     "test_more_environments.py",
-    "test_multiturn_http.py",
-    "test_server_patch.py",
-    "test_template_matrix.py",
-    "test_cpu_policy_server.py",
-    "test_example_environment.py",
+    "test_end_to_end.py",
+    "test_reliability.py",
+    "test_manager_exit.py",
 )
 
 
@@ -54,6 +77,70 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_SYSTEM_TEMP = pytest.StashKey[Path]()
+_SUITE_TEMP = pytest.StashKey[Path]()
+_BEFORE = pytest.StashKey[set[str]]()
+SHM = Path("/dev/shm")
+
+
+def _entries(system_temp: Path) -> set[str]:
+    found = {str(p) for p in system_temp.iterdir()}
+    return found | ({str(p) for p in SHM.iterdir()} if SHM.is_dir() else set())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller set this up and checks at the end
+        return
+    system_temp = Path(tempfile.gettempdir())
+    # pytest's own folders stay in the system's temporary folder (they outlive the session on purpose).
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(system_temp))
+    config.stash[_BEFORE] = _entries(system_temp)
+    config.stash[_SYSTEM_TEMP] = system_temp
+    suite_temp = Path(tempfile.mkdtemp(prefix="ngsuite-", dir=system_temp))
+    config.stash[_SUITE_TEMP] = suite_temp
+    os.environ["TMPDIR"] = str(suite_temp)  # inherited by the workers and everything they start
+    tempfile.tempdir = None  # this process's tempfile reads TMPDIR again
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or _SUITE_TEMP not in config.stash:
+        return
+    system_temp, suite_temp = config.stash[_SYSTEM_TEMP], config.stash[_SUITE_TEMP]
+    runs_left = sorted(str(p) for p in suite_temp.glob("ngjob-*"))
+    shutil.rmtree(suite_temp, ignore_errors=True)
+    new = sorted(_entries(system_temp) - config.stash[_BEFORE] - {str(suite_temp)})
+    new = [p for p in new if not Path(p).name.startswith("pytest-of-")]
+    if runs_left or new:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"a training run left its temporary folder: {p}" for p in runs_left]
+        lines += [f"left by the suite: {p}" for p in new]
+        if reporter is not None:
+            reporter.write_sep("=", "leftovers in the temporary folder or /dev/shm", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, with all the heavy modules in one work unit (so on one worker, in collection order).
+
+    pytest-xdist's `--dist loadgroup` would do this from `xdist_group` marks, but with pytest-xdist 3.8 here its
+    workers ignored the marks (tests of one group ran on both workers), so the unit is made here instead, by
+    overriding the scope function of xdist's own file scheduler the way its `LoadFileScheduling` does (checked
+    against pytest-xdist 3.8.0)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyLaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return HEAVY_GROUP if Path(module).name in HEAVY_MODULES else module
+
+    return HeavyLaneScheduling(config, log)
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     seed = config.getoption("--shuffle")
     return None if seed is None else f"test order: shuffled with --shuffle {seed}"
@@ -61,16 +148,22 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that run are reordered
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heavy modules first, then the modules without servers, then `SERVER_MODULES`; or a `--shuffle SEED`
+    order."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        modules.setdefault(str(item.path), []).append(item)
     groups = list(modules.values())
     seed = config.getoption("--shuffle")
     if seed is None:
 
         def rank(group: list[pytest.Item]) -> int:
             name = group[0].path.name
-            return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+            if name in HEAVY_MODULES:
+                return HEAVY_MODULES.index(name)
+            if name in SERVER_MODULES:
+                return 200 + SERVER_MODULES.index(name)
+            return 100  # the rest, in collection order, first on the other worker
 
         groups.sort(key=rank)  # stable: the other modules keep their order
     else:
@@ -93,6 +186,24 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def plugin_caplog(caplog):
+    """pytest's `caplog` for the plugin's loggers. Once a manager is built they write to stderr themselves and stop
+    propagating to the root logger (`agent_loop.configure_plugin_logging`), where `caplog` listens; for the test
+    they propagate again."""
+    import logging
+
+    from recipe.nemo_gym.agent_loop import PLUGIN_LOGGER
+
+    plugin = logging.getLogger(PLUGIN_LOGGER)
+    saved = plugin.propagate
+    plugin.propagate = True
+    try:
+        yield caplog
+    finally:
+        plugin.propagate = saved
 
 
 @pytest.fixture(scope="module")

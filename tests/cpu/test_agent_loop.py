@@ -168,25 +168,25 @@ def stub_trainer(setup, indices) -> RayPPOTrainer:
     return trainer
 
 
-def test_verls_validate_reports_failed_episodes_per_data_source_and_runs_each_once(setup, caplog):
+def test_verls_validate_reports_failed_episodes_per_data_source_and_runs_each_once(setup, plugin_caplog):
     runtime = setup["runtime"]
     before = len(runtime.batches)
-    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
         metrics = stub_trainer(setup, range(ROWS))._validate()
     assert len(runtime.batches) == before + 1 and len(runtime.batches[-1]) == ROWS  # not the 16 padded rows
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / ROWS)
     rewards = [i / 10 for i in range(ROWS) if i != FAILING_ROW]
     assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(sum(rewards) / ROWS)
     assert not any("failure_cause" in key for key in metrics)  # strings go to dumps, not to metrics
-    warnings = [r.getMessage() for r in caplog.records if "validation" in r.getMessage()]
+    warnings = [r.getMessage() for r in plugin_caplog.records if "validation" in r.getMessage()]
     assert warnings == [
         f"NeMo Gym validation: 1 of {ROWS} episodes failed (server_error=1; {MATH}: 1); they are masked and count "
         "as reward 0 in val-core (see val-aux/<data_source>/nemo_gym/failed)"
     ]
 
 
-def test_verls_validate_without_failures_still_reports_the_failed_share(setup, caplog):
-    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
+def test_verls_validate_without_failures_still_reports_the_failed_share(setup, plugin_caplog):
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
         metrics = stub_trainer(setup, [0, 1, 2])._validate()
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == 0.0
-    assert not [r for r in caplog.records if "validation" in r.getMessage()]
+    assert not [r for r in plugin_caplog.records if "validation" in r.getMessage()]

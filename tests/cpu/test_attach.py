@@ -2,7 +2,7 @@
 """Attach mode (`nemo_gym.attach`): the manager uses a NeMo Gym started outside it, hands it verl's policy address
 through Gym's endpoint file, and starts, signals and stops nothing of Gym's.
 
-Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with the README's `gym env start`
+Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with docs/attach-mode.md's `gym env start`
 command (`external_gym.py`: offline venv links are the one difference) running `example_single_tool_call` (a real
 `get_weather` call between two model calls) -> the real manager, created by verl's `create(...)` over verl's own
 vLLM rollout (two replicas, standalone, splice patch armed) playing a scripted policy -> the packed DataProto.

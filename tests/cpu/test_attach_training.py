@@ -2,7 +2,7 @@
 """verl's real `python -m verl.trainer.main_ppo` trains two steps against a NeMo Gym started outside it
 (`nemo_gym.attach`), and leaves that Gym running.
 
-Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with the README's `gym env start`
+Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with docs/attach-mode.md's `gym env start`
 command (`external_gym.py`; offline venv links are the one difference) running `example_single_tool_call` (a real
 `get_weather` call between two model calls); `main_ppo` with the plugin in attach mode: verl's vLLM rollout plays a
 scripted tool call and answer (log-probs the model's own), the manager publishes the rollout server's address in
@@ -90,7 +90,7 @@ def run(tmp_path_factory):
 
 def test_main_ppo_trains_two_steps_against_an_attached_gym(run):
     spec, result, _, _, _ = run
-    assert result.returncode == 0, f"main_ppo failed; see {spec.log_file}"
+    assert result.returncode == 0, f"main_ppo failed: {result.cause}; see {spec.log_file}"
     steps = [s["data"] for s in result.steps if "actor/grad_norm" in s["data"]]
     assert [s["step"] for s in result.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     for data in steps:

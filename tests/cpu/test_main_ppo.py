@@ -115,8 +115,8 @@ def _training_steps(result) -> list[dict]:
 
 def test_main_ppo_trains_two_steps_and_resumes_with_exit_code_zero(runs):
     spec, first, second, _, _ = runs
-    assert first.returncode == 0, f"main_ppo failed; see {spec.log_file}"
-    assert second.returncode == 0, f"resumed main_ppo failed; see {spec.log_file}"
+    assert first.returncode == 0, f"main_ppo failed: {first.cause}; see {spec.log_file}"
+    assert second.returncode == 0, f"resumed main_ppo failed: {second.cause}; see {spec.log_file}"
     assert [s["step"] for s in first.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     assert [s["step"] for s in second.steps if "actor/grad_norm" in s["data"]] == [3]
 

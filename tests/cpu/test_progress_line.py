@@ -18,10 +18,10 @@ class FakeClock:
         return self.now
 
 
-def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episode(caplog):
+def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episode(plugin_caplog):
     clock = FakeClock()
     line = ProgressLine(interval_s=10.0, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
         clock.now = 105.0
         line(1, 0, 4)  # 5 s in: too soon
         clock.now = 111.0
@@ -29,7 +29,7 @@ def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episod
         clock.now = 112.0
         line(3, 1, 4)  # 1 s after the last line: too soon
         line(4, 1, 4)  # the last episode: always logged
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in plugin_caplog.records] == [
         "NeMo Gym rollout: 2/4 episodes done (1 failed), 11 s",
         "NeMo Gym rollout: 4/4 episodes done (1 failed), 12 s",
     ]
@@ -53,3 +53,28 @@ def test_batch_reports_progress_with_failures_counted_until_every_episode_is_don
     assert calls[-1] == (3, 1, 3)
     assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
     assert all(total == 3 for _, _, total in calls)
+
+
+def test_while_a_policy_server_fails_its_probes_the_line_says_what_the_batch_waits_for(plugin_caplog):
+    from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult
+
+    clock = FakeClock()
+    url = "http://10.0.0.5:8000"
+    watch = PolicyWatch([url], timeout_s=1.0, max_failures=3)
+    line = ProgressLine(interval_s=10.0, clock=clock, waiting_on=watch.waiting_on)
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
+        clock.now = 111.0
+        line(1, 0, 4)
+        watch.record([ProbeResult(url, False, "connection refused")], now=clock.now)
+        watch.record([ProbeResult(url, False, "connection refused")], now=clock.now)
+        clock.now = 122.0
+        line(1, 0, 4)
+        watch.record([ProbeResult(url, True, "")], now=clock.now)  # it answered again
+        clock.now = 133.0
+        line(2, 0, 4)
+    assert [r.getMessage() for r in plugin_caplog.records] == [
+        "NeMo Gym rollout: 1/4 episodes done (0 failed), 11 s",
+        "NeMo Gym rollout: 1/4 episodes done (0 failed), 22 s; waiting: policy server http://10.0.0.5:8000 "
+        "(2 of 3 probes unanswered) not answering",
+        "NeMo Gym rollout: 2/4 episodes done (0 failed), 33 s",
+    ]

@@ -320,7 +320,14 @@ with open(os.environ["STUB_REPORT"] + ".tmp", "w") as out:
     json.dump(report, out)
 os.rename(os.environ["STUB_REPORT"] + ".tmp", os.environ["STUB_REPORT"])
 time.sleep(float(os.environ.get("STUB_TRAINER_SLEEP", "0")))
-sys.exit(int(os.environ.get("STUB_TRAINER_EXIT", "0")))
+status = int(os.environ.get("STUB_TRAINER_EXIT", "0"))
+if status:
+    import traceback
+    try:
+        raise RuntimeError("stub trainer: the cause a user must see")
+    except RuntimeError:
+        traceback.print_exc()
+sys.exit(status)
 """
 
 
@@ -388,6 +395,11 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
     elif outcome == "trainer-fails":
         assert record["JobState"] == "FAILED" and record["ExitCode"] == "3:0", failure
         assert "the trainer exited with status 3" in log, failure
+        # The job's output ends with the trainer's error, after the teardown's own lines.
+        assert log.rstrip().splitlines()[-2:] == [
+            "submit: the trainer failed (exit status 3); its error (the whole output is above):",
+            "submit:   RuntimeError: stub trainer: the cause a user must see",
+        ], failure
     else:
         # Slurm signals every process of the batch step at once (the script, the trainer, srun); the script's
         # TERM trap still runs its teardown, and nothing may survive it.

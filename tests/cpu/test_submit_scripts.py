@@ -625,3 +625,39 @@ def test_gpu_job_from_an_environment_holding_the_cpu_build_is_refused_before_any
     assert "holds its cpu build" in result.stderr and "NG_VLLM_BUILD=gpu" in result.stderr
     dry = run_script(SCRIPTS["math"], write_config(tmp_path, NNODES="1"))
     assert dry.returncode == 0 and "DRY_RUN: a real run would stop here" in dry.stderr
+
+
+def test_megatron_without_megatron_bridge_fails_before_ray_starts_naming_what_is_missing(tmp_path):
+    config = write_config(tmp_path, NNODES="1", TRAINING_BACKEND="cpu", STRATEGY="megatron")
+    result = run_script(SCRIPTS["math"], config, DRY_RUN="0")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "submit: ERROR: STRATEGY=megatron: the Megatron strategy cannot start" in result.stderr
+    assert "  - megatron.bridge: Megatron-Bridge" in result.stderr
+    assert "  - transformer_engine: Transformer Engine" in result.stderr
+    assert "or use STRATEGY=fsdp" in result.stderr
+    assert "Ray" not in result.stderr.split("STRATEGY=megatron:")[0]  # nothing started before the check
+
+
+def test_megatron_with_its_modules_on_the_path_passes_the_check(tmp_path):
+    stubs = tmp_path / "stubs"
+    for package in ("megatron/bridge", "transformer_engine", "mbridge"):  # megatron is a namespace package
+        (stubs / package).mkdir(parents=True)
+        (stubs / package / "__init__.py").write_text("")
+    config = write_config(tmp_path, NNODES="1", TRAINING_BACKEND="cpu", STRATEGY="megatron")
+    result = run_script(SCRIPTS["math"], config, PYTHONPATH=str(stubs))
+    assert result.returncode == 0, result.stderr
+    assert "a real run would stop here" not in result.stderr
+    without = run_script(SCRIPTS["math"], config)
+    assert "DRY_RUN: a real run would stop here: the Megatron strategy cannot start" in without.stderr
+
+
+def test_vanilla_mbridge_needs_mbridge_instead_of_megatron_bridge():
+    from recipe.nemo_gym.preflight import missing_megatron_modules
+
+    present = {"megatron.core", "mbridge"}
+    find = lambda name: object() if name in present else None  # noqa: E731
+    assert missing_megatron_modules(vanilla_mbridge=True, find_spec=find) == []
+    assert [m for m, _ in missing_megatron_modules(vanilla_mbridge=False, find_spec=find)] == [
+        "megatron.bridge",
+        "transformer_engine",
+    ]

@@ -105,6 +105,13 @@ EXTRA_OVERRIDES=(
     data.dataloader_num_workers=0
 )
 
+# Megatron's modules are checked before anything runs (the submit script checks them again before Ray starts):
+# without them the Megatron run cannot start, and the FSDP run before it would have been spent for nothing.
+if [[ " $STRATEGIES " == *" megatron "* && "${DRY_RUN:-0}" != 1 ]]; then
+    PYTHONPATH="$REPO_DIR" "$PY" -m recipe.nemo_gym.preflight megatron ||
+        { echo "run_gpu_e2e: STRATEGIES includes megatron (see above), or run STRATEGIES=fsdp" >&2; exit 1; }
+fi
+
 failed=()
 for strategy in $STRATEGIES; do
     config=$(write_config "$strategy")

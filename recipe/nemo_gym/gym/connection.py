@@ -119,7 +119,7 @@ class GymConnection:
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
-            progress=ProgressLine(),
+            progress=ProgressLine(waiting_on=watch.waiting_on),
         )
 
     def _close_session(self) -> None:

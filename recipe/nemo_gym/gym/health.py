@@ -204,3 +204,8 @@ class PolicyWatch:
     async def check(self) -> None:
         results = await asyncio.gather(*(self._probe(url, self.timeout_s) for url in self.base_urls))
         self.record(results, self._clock())
+
+    def waiting_on(self) -> str | None:
+        """What the batch is waiting on while some policy server fails its probes (for the progress line), or None."""
+        failing = [f"{url} ({n} of {self.max_failures} probes unanswered)" for url, n in self.failures.items() if n]
+        return f"policy server {', '.join(failing)} not answering" if failing else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -94,7 +95,9 @@ class Rollout:
     def server_log(self, replica: int = 0) -> Path:
         """That actor's stderr file in Ray's session logs (Ray names worker logs by process ID)."""
         pid = self.server_pid(replica)
-        pattern = f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_*/logs/worker-*-{pid}.err"
+        # Ray's own rule for its folder: RAY_TMPDIR, else the temporary folder (TMPDIR on Linux), plus "ray".
+        ray_dir = os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+        pattern = f"{ray_dir}/session_*/logs/worker-*-{pid}.err"
         found = {os.path.realpath(path) for path in glob.glob(pattern)}  # session_latest links to a session
         if len(found) != 1:
             raise FileNotFoundError(f"expected one Ray log of the server actor (pid {pid}), found {sorted(found)}")

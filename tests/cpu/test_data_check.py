@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`check_data_files`: every row of the data files checked at once, each bad row named by file and editor line."""
+
+from __future__ import annotations
+
+import json
+
+from recipe.nemo_gym.data_check import MAX_LISTED, BadRow, DataCheck, DataFilesError, check_data_files
+
+AGENTS = {"math_with_judge_simple_agent", "uppercase_share_simple_agent"}
+
+
+def _row(agent: str | None = "math_with_judge_simple_agent", prompt="What is 2+2?") -> str:
+    row: dict = {"responses_create_params": {"input": prompt}}
+    if agent is not None:
+        row["agent_ref"] = {"name": agent}
+    return json.dumps(row)
+
+
+def test_every_bad_row_is_reported_once_with_its_file_and_editor_line(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "\n".join(
+            [
+                _row(),  # 1
+                "",  # 2: blank, skipped but counted
+                "{not json",  # 3
+                json.dumps({"agent_ref": {"name": "math_with_judge_simple_agent"}}),  # 4: no responses_create_params
+                _row("wordle_agent"),  # 5: an agent nobody serves
+                _row(prompt=""),  # 6: empty prompt
+                _row("uppercase_share_simple_agent"),  # 7
+            ]
+        )
+        + "\n"
+    )
+    val = tmp_path / "val.jsonl"
+    val.write_text(_row() + "\n" + "[1, 2]\n")
+    check = check_data_files([train, val], AGENTS)
+    assert check.rows == 8
+    assert [(row.path, row.line) for row in check.bad] == [
+        (str(train), 3),
+        (str(train), 4),
+        (str(train), 5),
+        (str(train), 6),
+        (str(val), 2),
+    ]
+    assert check.bad[0].problem.startswith("invalid JSON: Expecting property name enclosed in double quotes")
+    assert check.bad[1].problem == "row has no 'responses_create_params' object"
+    assert check.bad[2].problem == (
+        "agent_ref.name 'wordle_agent' is not an agent of the configured environments "
+        "['math_with_judge_simple_agent', 'uppercase_share_simple_agent']"
+    )
+    assert check.bad[3].problem.startswith("responses_create_params.input is missing or empty")
+    assert check.bad[4].problem == "row is a JSON list, not an object"
+
+
+def test_a_default_agent_fills_rows_without_one_and_a_byte_order_mark_is_ignored(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (_row(agent=None) + "\n" + _row(agent=None)).encode())
+    assert check_data_files([path], AGENTS, default_agent_name="uppercase_share_simple_agent") == DataCheck(2, ())
+    missing = check_data_files([path], AGENTS).bad
+    assert [(row.line, row.problem) for row in missing] == [
+        (1, "row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)"),
+        (2, "row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)"),
+    ]
+
+
+def test_without_agent_names_only_parsing_and_fields_are_checked(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(_row("anything") + "\n")
+    assert check_data_files([path], None) == DataCheck(1, ())
+
+
+def test_the_error_lists_the_rows_up_to_a_limit_and_counts_the_rest():
+    bad = tuple(BadRow("t.jsonl", i, "invalid JSON") for i in range(1, MAX_LISTED + 4))
+    error = DataFilesError(DataCheck(rows=40, bad=bad), ["t.jsonl"])
+    lines = str(error).splitlines()
+    assert lines[0] == (
+        f"{MAX_LISTED + 3} of 40 rows in t.jsonl cannot be trained on; nothing was trained. Fix or remove them:"
+    )
+    assert lines[1] == "  t.jsonl:1: invalid JSON"
+    assert lines[MAX_LISTED] == f"  t.jsonl:{MAX_LISTED}: invalid JSON"
+    assert lines[-1] == "  ... and 3 more"
+    assert len(lines) == MAX_LISTED + 2
+
+
+def test_bytes_that_are_not_utf8_are_a_bad_row_not_a_crash(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(_row().encode() + b'\n{"a": "\xff"}\n')
+    assert check_data_files([path], AGENTS).bad == (
+        BadRow(str(path), 2, "not UTF-8: 'utf-8' codec can't decode byte 0xff in position 7: invalid start byte"),
+    )

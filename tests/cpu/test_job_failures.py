@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Faults injected into running training jobs, and what the user then sees on the console.
+
+Each test starts the CPU job runner as a user's job runs (`python -m recipe.nemo_gym_testing.cpu_training.job
+SPEC.json`: verl's real `main_ppo`, verl's vLLM rollout on vLLM's CPU build, NeMo Gym 0.7's real servers with the
+uppercase_share environment), injects one fault, and asserts the exit status and the console's last lines: they
+must name what failed and why, and the log file for the rest. After every job nothing of it may be left: no
+process (found by a marker in the environment every process of the job inherits) and no temporary folder of the
+run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, spec_to_json
+from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
+from recipe.nemo_gym_testing.helpers import processes_with_env
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
+
+MARKER = "NG_TEST_JOB_FAILURES"
+UPPERCASE = "uppercase_share_simple_agent"
+READY = " s: agents ["  # the manager's "NeMo Gym <version> ready in N s: agents [...]" line: training is next
+
+
+def _rows(n: int) -> list[dict]:
+    lines = [line for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines[:n]]
+
+
+@pytest.fixture(scope="module")
+def plugin_yaml(tmp_path_factory) -> Path:
+    """uppercase_share alone, health-checked every 2 s (a dead server is seen within seconds)."""
+    path = tmp_path_factory.mktemp("plugin") / "uppercase.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nemo_gym": {
+                    "config_paths": [
+                        "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
+                        "resources_servers/uppercase_share/configs/uppercase_share.yaml",
+                    ]
+                },
+                "timeouts": {"health_check_interval_s": 2, "policy_health_timeout_s": 2},
+            }
+        )
+    )
+    return path
+
+
+def _spec(tmp_path: Path, plugin_yaml: Path, train: Path, *, steps: int = 1, out: Path | None = None) -> JobSpec:
+    return JobSpec(
+        out_dir=out or tmp_path / "job",
+        model_dir=Path(tiny_qwen3_dir()),
+        agent_loop_config=plugin_yaml,
+        train_files=[train],
+        val_files=[train],
+        steps=steps,
+        batch_size=2,
+        n=2,
+        prompt_length=256,
+        response_length=8,
+        val_before_train=False,
+    )
+
+
+class RunningJob:
+    """The job runner in a process of its own (its own process group, as a terminal's foreground job), its console
+    collected line by line."""
+
+    def __init__(self, spec: JobSpec, tag: str):
+        self.spec = spec
+        spec_file = spec.out_dir.parent / f"{tag}.spec.json"
+        spec_file.parent.mkdir(parents=True, exist_ok=True)
+        spec_file.write_text(spec_to_json(spec))
+        env = {**os.environ, MARKER: f"{spec.out_dir}:{tag}"}
+        self.marker = env[MARKER]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recipe.nemo_gym_testing.cpu_training.job", str(spec_file)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_log(self, text: str, timeout_s: float = 400.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.spec.log_file.exists() and text in self.spec.log_file.read_text(errors="replace"):
+                return
+            assert self.proc.poll() is None, f"the job ended before {text!r}:\n" + "\n".join(self.lines)
+            time.sleep(0.5)
+        raise AssertionError(f"{text!r} not in {self.spec.log_file} within {timeout_s} s")
+
+    def finish(self, timeout_s: float = 600.0) -> int:
+        rc = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=10)
+        return rc
+
+    def console(self) -> str:
+        return "\n".join(self.lines)
+
+    def left_behind(self) -> list[str]:
+        """Processes of this job still alive a few seconds after it ended (the job runner waits for its trainer's
+        process group; NeMo Gym's servers stop with their watchdog)."""
+        deadline = time.monotonic() + 20
+        while (left := processes_with_env(MARKER, self.marker)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return [" ".join(p.cmdline()[:4]) for p in left if p.is_running()]
+
+
+def _job_temp_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("ngjob-*")}
+
+
+def _kill_processes(marker: str, needle: str) -> list[int]:
+    """SIGKILL the job's processes whose command line contains `needle`; their pids."""
+    killed = []
+    for proc in processes_with_env(MARKER, marker):
+        try:
+            if needle in " ".join(proc.cmdline()):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return killed
+
+
+def test_bad_rows_fail_before_step_1_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
+    rows = [json.dumps(row) for row in _rows(32)]  # every row of uppercase_share's training file
+    rows[6] = rows[6][:-5]  # line 7: cut short
+    rows[11] = json.dumps({"agent_ref": {"name": UPPERCASE}})  # line 12: no responses_create_params
+    unknown = json.loads(rows[19])
+    unknown["agent_ref"] = {"name": "wordle_simple_agent"}
+    rows[19] = json.dumps(unknown)  # line 20: an agent no configured environment serves
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(rows) + "\n")
+    before = _job_temp_folders()
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train), "bad-rows")
+    assert job.finish() == 1, job.console()
+    lines = job.lines
+    assert not any(line.startswith("step ") for line in lines), job.console()  # nothing trained
+    cause = lines[lines.index(next(line for line in lines if line.startswith("main_ppo failed"))) :]
+    assert cause[0].startswith("main_ppo failed with exit status 1 after "), job.console()
+    # verl's val_files is the same file: it is read once, and each bad row listed once (not once per sample).
+    assert cause[1] == (
+        f"  DataFilesError: 3 of 32 rows in {train} cannot be trained on; nothing was trained. Fix or remove them:"
+    ), job.console()
+    assert cause[2].startswith(f"    {train}:7: invalid JSON: ")
+    assert cause[3] == f"    {train}:12: row has no 'responses_create_params' object"
+    assert cause[4] == (
+        f"    {train}:20: agent_ref.name 'wordle_simple_agent' is not an agent of the configured environments "
+        f"['{UPPERCASE}']"
+    )
+    assert cause[-1] == f"full log: {job.spec.log_file}"
+    assert job.left_behind() == []
+    assert _job_temp_folders() <= before
+
+
+def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, plugin_yaml):
+    train = harness.write_jsonl(_rows(4), tmp_path / "train.jsonl")
+    first = RunningJob(_spec(tmp_path, plugin_yaml, train), "first")
+    first.wait_for_log("Ray")  # the trainer is up and writing its log
+    written = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in first.spec.out_dir.glob("*.*")}
+    started = time.monotonic()
+    second = RunningJob(_spec(tmp_path, plugin_yaml, train), "second")
+    assert second.finish(timeout_s=120) == 1
+    refused_in = time.monotonic() - started
+    assert second.lines[-1] == (
+        f"job: {first.spec.out_dir} is in use by another job (PID {first.proc.pid}); wait for it to end, stop it, "
+        "or give this job another output folder"
+    ), second.console()
+    assert refused_in < 60, refused_in  # before any trainer start-up (a start takes minutes here)
+    for name, digest in written.items():  # the plugin YAML and the command are the first job's still
+        if name != "main_ppo.log":
+            assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
+    assert first.finish() == 0, first.console()
+    assert any(line.startswith("step 1 | reward") for line in first.lines), first.console()
+    assert "second" not in first.spec.log_file.read_text()
+    assert first.left_behind() == []
+
+
+def test_a_nemo_gym_server_killed_while_training_ends_the_job_naming_it(tmp_path, plugin_yaml):
+    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "gym-server")
+    job.wait_for_log(READY)
+    assert _kill_processes(job.marker, "uppercase_share"), "no uppercase_share server process found"
+    assert job.finish() == 1, job.console()
+    tail = job.lines[-8:]  # the cause is at most MAX_LINES (6) lines, between the exit line and the log's
+    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
+    assert tail[failed + 1].startswith("  RolloutAborted: NeMo Gym server(s) ['uppercase_share"), job.console()
+    assert "died with" in tail[failed + 1]
+    assert tail[failed + 2].startswith("  NeMo Gym server 'uppercase_share"), job.console()  # what happened to it
+    assert tail[-1] == f"full log: {job.spec.log_file}"
+    assert job.left_behind() == []
+
+
+def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
+    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    before = _job_temp_folders()
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "ctrl-c")
+    job.wait_for_log(READY)
+    os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the job runner's process group
+    assert job.finish() == 130, job.console()
+    assert "Traceback" not in job.console()
+    assert job.lines[-2] == "main_ppo: SIGINT received; stopping the trainer (SIGINT, then SIGKILL after 30 s)"
+    assert job.lines[-1].startswith("main_ppo stopped by SIGINT after ")
+    assert job.lines[-1].endswith(f"(exit status 130); log: {job.spec.log_file}")
+    # The trainer itself got SIGINT and stopped within the grace period (verl's way: no SIGKILL needed).
+    log = job.spec.log_file.read_text().splitlines()
+    stopped = [line for line in log if line.startswith("job runner: the trainer")]
+    assert len(stopped) == 1 and stopped[0].endswith(" s after SIGINT"), stopped
+    assert job.left_behind() == []
+    assert _job_temp_folders() <= before
+
+
+def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugin_yaml):
+    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "sigkill")
+    job.wait_for_log(READY)
+    assert _kill_processes(job.marker, "verl.trainer.main_ppo"), "no trainer process found"
+    assert job.finish() == 137, job.console()
+    assert job.lines[-2].startswith("main_ppo was killed by SIGKILL after "), job.console()
+    assert "(exit status 137)" in job.lines[-2]
+    assert job.lines[-1] == f"full log: {job.spec.log_file}"
+    assert job.left_behind() == []
+
+
+def test_a_policy_server_killed_while_training_ends_the_job_naming_its_url(tmp_path, plugin_yaml):
+    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "policy-server")
+    job.wait_for_log(READY)
+    assert _kill_processes(job.marker, "vLLMHttpServer"), "no vLLM server process found"  # verl's server actor
+    assert job.finish() == 1, job.console()
+    tail = job.lines[-8:]
+    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
+    assert tail[failed + 1].startswith("  RolloutAborted: policy server(s) ['http://"), job.console()
+    assert "unreachable" in tail[failed + 1]
+    assert tail[-1] == f"full log: {job.spec.log_file}"
+    assert job.left_behind() == []
