@@ -37,7 +37,8 @@ import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
 # Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
-# slurm 426, attach 241, attach_training 152; job_failures (five small jobs) about 600.
+# slurm 426, attach 241, attach_training 152, job_failures (six small jobs) about 900, manager_exit 295,
+# end_to_end 205, more_environments ~150: about 62 minutes, against about 30 on the other worker.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_load.py",
@@ -45,14 +46,16 @@ HEAVY_MODULES = (
     "test_attach.py",
     "test_attach_training.py",
     "test_job_failures.py",
+    # Stacks of NeMo Gym beside verl's vLLM server or a policy server: beside a trainer they passed Ray's limit too
+    # (2026-11-26: test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
+    "test_manager_exit.py",
+    "test_end_to_end.py",
+    "test_more_environments.py",
 )
 HEAVY_GROUP = "heavy"
-# The other modules that start servers (NeMo Gym stacks, policy servers): they run last on the other worker, the
-# ones with the most processes last, so that they meet the heavy worker's later, smaller modules and not
-# test_main_ppo (main_ppo beside test_manager_exit reached 22.7 of 23.5 GB here). Their measured times: manager_exit
-# 295 s, reliability 225, end_to_end 205, gym_runtime 120, more_environments ~150, multiturn_http 137, server_patch
-# 89, template_matrix 61, cpu_policy_server 49, example_environment 38. The other worker's total (~41 min) stays
-# below the heavy worker's (~52 min), so the order costs no time.
+# The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
+# with the most processes last. Measured: reliability 225 s, gym_runtime 120, multiturn_http 137, server_patch 89,
+# template_matrix 61, cpu_policy_server 49, example_environment 38.
 SERVER_MODULES = (
     "test_example_environment.py",
     "test_cpu_policy_server.py",
@@ -60,10 +63,7 @@ SERVER_MODULES = (
     "test_server_patch.py",
     "test_multiturn_http.py",
     "test_gym_runtime.py",
-    "test_more_environments.py",
-    "test_end_to_end.py",
     "test_reliability.py",
-    "test_manager_exit.py",
 )
 
 
@@ -100,6 +100,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SUITE_TEMP] = suite_temp
     os.environ["TMPDIR"] = str(suite_temp)  # inherited by the workers and everything they start
     tempfile.tempdir = None  # this process's tempfile reads TMPDIR again
+    # Ray's memory monitor kills workers at 95% of the machine's memory by default. With a trainer on one worker and a
+    # NeMo Gym stack on the other, a 24 GB machine peaked at 95.0% (a weight sync's transient copy) with ~1.2 GB
+    # still free: the suite's Ray instances (the trainers', the fixtures', the submit scripts') kill at 98% instead.
+    os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
