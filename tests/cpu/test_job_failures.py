@@ -202,23 +202,32 @@ def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(
             assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
     assert first.finish() == 0, first.console()
     assert any(line.startswith("step 1 | reward") for line in first.lines), first.console()
-    assert "second" not in first.spec.log_file.read_text()
+    assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there
     assert first.left_behind() == []
 
 
-def test_a_nemo_gym_server_killed_while_training_ends_the_job_naming_it(tmp_path, plugin_yaml):
+def _kill_while_training(tmp_path: Path, plugin_yaml: Path, tag: str, needle: str) -> tuple[RunningJob, str]:
+    """Start a 4-step job, SIGKILL its processes whose command line holds `needle` once training is next, and
+    return the job (exit status 1 asserted) and the cause the console printed between its exit line and its log
+    line (at most MAX_LINES, 6)."""
     train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "gym-server")
+    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), tag)
     job.wait_for_log(READY)
-    assert _kill_processes(job.marker, "uppercase_share"), "no uppercase_share server process found"
+    assert _kill_processes(job.marker, needle), f"no process of the job runs {needle!r}"
     assert job.finish() == 1, job.console()
-    tail = job.lines[-8:]  # the cause is at most MAX_LINES (6) lines, between the exit line and the log's
+    tail = job.lines[-8:]
     failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
-    assert tail[failed + 1].startswith("  RolloutAborted: NeMo Gym server(s) ['uppercase_share"), job.console()
-    assert "died with" in tail[failed + 1]
-    assert tail[failed + 2].startswith("  NeMo Gym server 'uppercase_share"), job.console()  # what happened to it
-    assert tail[-1] == f"full log: {job.spec.log_file}"
+    assert tail[-1] == f"full log: {job.spec.log_file}", job.console()
     assert job.left_behind() == []
+    return job, "\n".join(tail[failed + 1 : -1])
+
+
+def test_a_nemo_gym_server_killed_while_training_ends_the_job_naming_it(tmp_path, plugin_yaml):
+    job, cause = _kill_while_training(tmp_path, plugin_yaml, "gym-server", "uppercase_share")
+    first, second = cause.splitlines()[:2]
+    assert first.startswith("  RolloutAborted: NeMo Gym server(s) ['uppercase_share"), job.console()
+    assert "died with" in first
+    assert second.startswith("  NeMo Gym server 'uppercase_share"), job.console()  # what happened to it
 
 
 def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
@@ -253,18 +262,9 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
 
 
 def test_a_policy_server_killed_while_training_ends_the_job_naming_its_url(tmp_path, plugin_yaml):
-    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "policy-server")
-    job.wait_for_log(READY)
-    assert _kill_processes(job.marker, "vLLMHttpServer"), "no vLLM server process found"  # verl's server actor
-    assert job.finish() == 1, job.console()
-    tail = job.lines[-8:]
-    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
+    job, cause = _kill_while_training(tmp_path, plugin_yaml, "policy-server", "vLLMHttpServer")  # verl's actor
     # Whoever notices first names it: the manager's health probes (RolloutAborted naming the URL), or verl, whose
     # call to the server actor fails (Ray's ActorDiedError naming the actor's class); both were seen.
-    cause = "\n".join(tail[failed + 1 :])
     named_by_manager = cause.startswith("  RolloutAborted: policy server(s) ['http://") and "unreachable" in cause
     named_by_ray = cause.startswith("  ActorDiedError: The actor died") and "class_name: vLLMHttpServer" in cause
     assert named_by_manager or named_by_ray, job.console()
-    assert tail[-1] == f"full log: {job.spec.log_file}"
-    assert job.left_behind() == []

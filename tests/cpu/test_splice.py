@@ -10,7 +10,7 @@ from recipe.nemo_gym.splice.eos_splice import (
     splice_prompt_ids,
     splice_with_eos_count,
 )
-from recipe.nemo_gym.splice.history_guard import check_unedited_history
+from recipe.nemo_gym.splice.history_guard import EditedHistory, check_unedited_history
 from recipe.nemo_gym.splice.template_probe import (
     GenerationPrompt,
     ProbeRenders,
@@ -281,10 +281,11 @@ def test_rule_4_refuses_a_system_prompt_changed_between_turns_naming_it():
     messages = _two_turn()
     messages[0] = {"role": "system", "content": "Be verbose."}
     full = [20, 22, EOS, 23, 24, EOS, 26, 50, EOS, 23, 25, EOS, 26, 51, EOS, 23, 25, EOS, 26]  # same EOS count
-    with pytest.raises(SpliceError, match=r"rule 4 .*messages\[2\].*first edited message: messages\[0\] "):
+    with pytest.raises(EditedHistory, match=r"rule 4 .*messages\[2\].*first edited message: messages\[0\] ") as e:
         check_unedited_history(
             find_true_prefix(messages), full, EOS, decode, lambda: GenerationPrompt("", ""), messages
         )
+    assert isinstance(e.value, SpliceError) and e.value.edited == (0, "system")
 
 
 def test_rule_4_refuses_an_earlier_user_message_redacted_naming_it_and_showing_both_texts():

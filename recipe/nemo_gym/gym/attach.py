@@ -31,10 +31,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,14 +66,14 @@ class AttachSpec:
     endpoint_file: Path | None = None
     relay_host: str = "127.0.0.1"
     relay_port: int = 0
-    overrides: Mapping[str, Any] = None  # type: ignore[assignment]
+    overrides: Mapping[str, Any] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
     health_timeout_s: float = 10.0
     health_failures: int = 3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy_base_urls", tuple(self.policy_base_urls))
-        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        object.__setattr__(self, "overrides", dict(self.overrides))  # a copy: the caller may change its own
         if not self.policy_base_urls:
             raise GymConfigError("AttachSpec.policy_base_urls is empty: give verl's policy servers' base URLs")
         parts = urlsplit(self.head_server_url)
@@ -242,7 +241,6 @@ class AttachedGym(GymConnection):
         self.relay: PolicyRelay | None = None
         self._watch: RemoteServerWatch | None = None
         self._first_batch_after = 0.0
-        self._lock = threading.Lock()
 
     @property
     def version(self) -> str | None:
@@ -328,10 +326,8 @@ class AttachedGym(GymConnection):
 
     def shutdown(self) -> None:
         """Stop the relay, unpublish the policy, close the session. No Gym process is touched. Idempotent."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        if not self._claim_stop():
+            return
         try:
             if self.relay is not None and not self.loop.closed:
                 with contextlib.suppress(Exception):
@@ -339,18 +335,14 @@ class AttachedGym(GymConnection):
             self._unpublish()
             self._close_session()
         finally:
-            with LIVE_LOCK:
-                LIVE.discard(self)
+            self._forget()
 
     def kill_now(self) -> None:
         """On SIGTERM of this process: nothing of Gym's to kill; unpublish the policy (a dead address)."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        if not self._claim_stop():
+            return
         self._unpublish()
-        with LIVE_LOCK:
-            LIVE.discard(self)
+        self._forget()
 
     def _unpublish(self) -> None:
         if self.handover is None or self.published_url is None:

@@ -5,7 +5,8 @@ rows go, and `collect`, which runs a batch over HTTP.
 Contract:
 - Two kinds build on it: `launch.GymRuntime` (the plugin started Gym and owns its processes) and
   `attach.AttachedGym` (someone else started it; the plugin owns nothing of it). Each supplies `_check_gym()`,
-  the health check of Gym's servers made while a batch waits, and its own `shutdown()`.
+  the health check of Gym's servers made while a batch waits, and its own `shutdown()` and `kill_now()`, which
+  begin with `_claim_stop()` (only the first of them acts) and end with `_forget()` (out of `processes.LIVE`).
 - `_adopt(config, servers)` takes the head server's configuration and server list and sets `servers` and
   `targets` (`client.run_targets`), refusing a configuration whose rows could not be run or scored
   (`GymConfigError`: several environment servers in front of one agent, an agent its resources server does not
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ from recipe.nemo_gym.gym.client import RunTarget, make_post_run, pairing_problem
 from recipe.nemo_gym.gym.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.errors import GymConfigError
 from recipe.nemo_gym.gym.health import PolicyWatch
+from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK
 from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, ServerInstance
 
 
@@ -55,11 +58,26 @@ class GymConnection:
         self._policy_health_failures = policy_health_failures
         self._session: Any = None
         self._stopped = False
+        # Re-entrant: `kill_now` runs in a signal handler, which may interrupt this thread inside `shutdown`.
+        self._stop_lock = threading.RLock()
 
     @property
     def version(self) -> str | None:
         """The nemo-gym release running, as far as it can be known."""
         raise NotImplementedError
+
+    def _claim_stop(self) -> bool:
+        """True for the one call that stops this connection: `shutdown` or `kill_now`, whichever comes first."""
+        with self._stop_lock:
+            if self._stopped:
+                return False
+            self._stopped = True
+            return True
+
+    def _forget(self) -> None:
+        """Leave `processes.LIVE`: the exit hooks have nothing left to stop here."""
+        with LIVE_LOCK:
+            LIVE.discard(self)
 
     @property
     def agent_names(self) -> frozenset[str]:

@@ -42,7 +42,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -151,7 +150,6 @@ class GymRuntime(GymConnection):
         self.launcher_log: Path | None = None
         self._tree: ProcessTree | None = None
         self._watchdog: Watchdog | None = None
-        self._lock = threading.RLock()
         self.survivors: tuple[int, ...] = ()
 
     @property
@@ -314,10 +312,8 @@ class GymRuntime(GymConnection):
         The processes go first: nothing after them (closing the HTTP session, which touches the event loop) can
         keep a server alive.
         """
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        if not self._claim_stop():
+            return
         try:
             try:
                 if self._tree is not None:
@@ -330,8 +326,7 @@ class GymRuntime(GymConnection):
                 self._remove_run_dir()
             self._close_session()
         finally:
-            with LIVE_LOCK:
-                LIVE.discard(self)
+            self._forget()
 
     def kill_now(self) -> None:
         """SIGKILL every process started, without waiting or touching the event loop; for a SIGTERM of this process.
@@ -341,10 +336,8 @@ class GymRuntime(GymConnection):
         cut short, and the servers hold nothing worth a graceful exit (environment state lives per episode).
         Idempotent; later `shutdown()` calls do nothing.
         """
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        if not self._claim_stop():
+            return
         try:
             if self._tree is not None:
                 self._tree.kill_all()
@@ -354,8 +347,7 @@ class GymRuntime(GymConnection):
                 # milliseconds, so waiting for it keeps a caller that checks for survivors right after this process
                 # exits from seeing it.
                 self._watchdog.release(wait_s=1.0)
-            with LIVE_LOCK:
-                LIVE.discard(self)
+            self._forget()
 
     def _remove_run_dir(self) -> None:
         if self.run_dir is not None:

@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from recipe.nemo_gym.splice.carriers import SpliceError, TruePrefix
-from recipe.nemo_gym.splice.history_guard import check_unedited_history, message_text
+from recipe.nemo_gym.splice.history_guard import EditedHistory, check_unedited_history, message_text
 from recipe.nemo_gym.splice.template_probe import GenerationPrompt
 
 
@@ -196,10 +196,10 @@ def explain_turn_count(
     )
     try:
         check_unedited_history(true_prefix, full_render, eos_token_id, decode, generation_prompt, messages)
-    except SpliceError as e:
-        located = str(e).split("; first edited message: ", 1)
-        if len(located) == 2:
-            why += f"; first message that renders differently: {located[1].split('. The model saw', 1)[0]}"
+    except EditedHistory as e:
+        if e.edited is not None:
+            index, role = e.edited
+            why += f"; first message that renders differently: messages[{index}] (role {role!r})"
     return TurnCountMismatch(mismatch.m, mismatch.ended_on_eos, mismatch.n, why)
 
 

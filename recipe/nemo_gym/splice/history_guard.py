@@ -6,8 +6,8 @@ written by the chat template, and reappears in the full render at the same place
 the start. Rule 2 (`eos_splice`) only sees edits that change the EOS count; rule 4 sees any edit of what the
 model saw before a model turn: a system prompt changed, an earlier user message redacted, tools added or
 removed, a system message that the template hoists to the head (DeepSeek R1/V3, MiniMax-M1) added after a
-model turn. The refusal (`SpliceError`) names the first edited message where its text tells (else the stretch
-of messages) and shows both texts at the first difference.
+model turn. The refusal (`EditedHistory`, a `SpliceError`) names the first edited message where its text tells
+(else the stretch of messages), carries it as `edited`, and shows both texts at the first difference.
 
 Cost: no tokenization. Each stretch of template text (one per carrier) is compared as IDs with the full render's IDs
 after the same number of EOS tokens (list slices; their cost: benchmarks/README.md). Only a stretch whose IDs differ
@@ -36,6 +36,14 @@ from typing import Any
 
 from recipe.nemo_gym.splice.carriers import SpliceError, TruePrefix
 from recipe.nemo_gym.splice.template_probe import GenerationPrompt
+
+
+class EditedHistory(SpliceError):
+    """Rule 4's refusal. `edited` is the first edited message as (index, role), None where no message text tells."""
+
+    def __init__(self, message: str, edited: tuple[int, Any] | None = None):
+        super().__init__(message)
+        self.edited = edited
 
 
 def _positions(ids: Sequence[int], token: int) -> list[int]:
@@ -93,7 +101,7 @@ def check_unedited_history(
     for gen in true_prefix.generations:
         span = tokens[start : gen.start]
         if seen > len(full_eos):
-            raise SpliceError(
+            raise EditedHistory(
                 f"rule 4 (unedited history) failed: the full render holds {len(full_eos)} EOS token(s), fewer than "
                 f"the {seen} before messages[{gen.message_index}] in the model's own tokens"
             )
@@ -108,17 +116,15 @@ def check_unedited_history(
                 needed -= len(unshared)
             same = len(os.path.commonprefix([model_text, now_text]))
             if same < needed:
-                raise SpliceError(
-                    _edit_message(messages, previous_index, gen.message_index, start == 0, model_text, now_text, same)
-                )
+                raise _refusal(messages, previous_index, gen.message_index, start == 0, model_text, now_text, same)
         stop = gen.stop if gen.stop > gen.start and tokens[gen.stop - 1] == eos else gen.stop + 1
         seen += span.count(eos) + tokens[gen.start : stop].count(eos)
         start, previous_index = stop, gen.message_index
 
 
-def _edit_message(
+def _refusal(
     messages: Sequence[Any], previous: int, carrier: int, at_head: bool, model_text: str, now_text: str, same: int
-) -> str:
+) -> EditedHistory:
     """The refusal of rule 4: the first edited message and both texts around the first difference."""
     candidates = list(range(previous + 1, carrier))
     if at_head:  # a template that hoists system messages renders later ones at the head
@@ -140,8 +146,9 @@ def _edit_message(
         f"so the tools, the chat template arguments or text at a message's edge changed"
     )
     lo = max(0, same - 40)
-    return (
+    return EditedHistory(
         f"rule 4 (unedited history) failed: the history before messages[{carrier}] renders differently from what "
         f"the model saw when it generated messages[{carrier}]; {where}. The model saw {model_text[lo : same + 40]!r}, "
-        f"the history now renders {now_text[lo : same + 40]!r}"
+        f"the history now renders {now_text[lo : same + 40]!r}",
+        (edited, _role(messages[edited])) if edited is not None else None,
     )
