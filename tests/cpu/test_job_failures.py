@@ -202,6 +202,8 @@ def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(
             assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
     assert first.finish() == 0, first.console()
     assert any(line.startswith("step 1 | reward") for line in first.lines), first.console()
+    assert first.lines[-1].startswith("main_ppo finished in "), first.console()
+    assert first.lines[-1].endswith(f" s; metrics: {first.spec.metrics_file}; log: {first.spec.log_file}")
     assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there
     assert first.left_behind() == []
 

@@ -560,6 +560,8 @@ def main(argv: Sequence[str]) -> int:
     except OutputFolderInUse as e:
         print(f"job: {e}", flush=True)
         return 1
+    if result.exit_status == 0:  # a failed or stopped run has already said how it ended (`outcome_lines`)
+        print(f"main_ppo finished in {result.elapsed_s:.0f} s; metrics: {spec.metrics_file}; log: {spec.log_file}")
     return result.exit_status
 
 
