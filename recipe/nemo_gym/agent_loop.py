@@ -84,9 +84,13 @@ LOG_LEVEL_ENV = "NEMO_GYM_VERL_LOGGING_LEVEL"
 
 def configure_plugin_logging() -> None:
     """Give the plugin's loggers a stderr handler of their own (level `$NEMO_GYM_VERL_LOGGING_LEVEL`, default
-    WARNING), as verl does for its own (`verl.utils.logging_utils.configure_verl_logging`): in verl's TaskRunner the
-    root logger drops WARNING records (checked with verl 0.9.1), so without it the progress lines and the
-    start-up summary never reached the job's output. Idempotent; called when the manager is built, not at import."""
+    WARNING), as verl does for its own (`verl.utils.logging_utils.configure_verl_logging`).
+
+    Why: in verl's TaskRunner, where the manager runs, the root logger drops WARNING records. vLLM's API server
+    (0.24) imports `model_hosting_container_standards` (0.1.16), whose import sets the root logger and its handlers
+    to ERROR unless `LOG_LEVEL` or `SAGEMAKER_CONTAINER_LOG_LEVEL` is set (vllm-project/vllm#53655). Without this
+    handler the progress lines and the start-up summary never reached the job's output
+    (tests/cpu/test_plugin_logging.py). Idempotent; called when the manager is built, not at import."""
     plugin = logging.getLogger(PLUGIN_LOGGER)
     if any(getattr(h, "_nemo_gym_plugin", False) for h in plugin.handlers):
         return
