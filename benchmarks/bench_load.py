@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import socket
 import tempfile
@@ -56,6 +57,7 @@ from recipe.nemo_gym.limits import (
     NEMO_GYM_DEFAULT_LIMIT_PER_HOST,
 )
 
+GYM_ENVS = Path(__file__).resolve().parents[1] / "tests" / "cpu" / "gym_envs"
 MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 EMFILE_TEXT = "Too many open files"
 POLICY_SERVER = "policy_server"  # the name its row has in the report
@@ -82,6 +84,14 @@ ENVIRONMENTS = {
         agent="example_single_tool_call_simple_agent",
         config_path="resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
         data_path="resources_servers/example_single_tool_call/data/example.jsonl",
+        overrides={},
+    ),
+    # uppercase_share's rows on the tests' `fail_on_request` server, whose verify fails a share of its calls at random
+    # (`--transient-failure-pct`; an HTTP 500, retried by the manager): what retries add to a batch.
+    "flaky": Environment(
+        agent="fail_on_request_simple_agent",
+        config_path=str(GYM_ENVS / "resources_servers/fail_on_request/configs/fail_on_request.yaml"),
+        data_path="resources_servers/uppercase_share/data/example.jsonl",
         overrides={},
     ),
     # One model call; math-verify runs in a forked child per episode (about 0.15 s of CPU each here), under a
@@ -133,13 +143,13 @@ def uppercase_policy() -> Any:
 def policy_for(env: str) -> Any:
     from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 
-    if env == "uppercase":
+    if env in ("uppercase", "flaky"):
         return uppercase_policy()
     return weather_policy() if env == "weather" else example_episodes_policy()
 
 
 def expected_reward(env: str, row: dict[str, Any]) -> float:
-    if env in ("weather", "uppercase"):
+    if env in ("weather", "uppercase", "flaky"):
         return 1.0
     return 1.0 if row.get("expected_answer") == "32" else 0.0  # the scripted math answer is always 32
 
@@ -252,6 +262,7 @@ def plugin_yaml(
     batch_s: float,
     default_limits: bool,
     server_workers: int = 1,
+    retries: int = 1,
 ) -> Path:
     overrides: dict[str, Any] = json.loads(json.dumps(env.overrides))
     if server_workers > 1:
@@ -277,8 +288,8 @@ def plugin_yaml(
         # with 512 episodes on a loaded 2-core machine answered late (10 s each) aborted the batch (CI, on 2 cores
         # shared with a vLLM engine of another test module).
         "timeouts": {"startup_s": 300, "batch_s": batch_s, "health_check_interval_s": 10},
-        # Every episode must succeed: a single failure fails the batch.
-        "failures": {"max_fraction": 0.0},
+        # Every episode must succeed (a single failure fails the batch), except where failures are injected.
+        "failures": {"max_fraction": 1.0 if env.agent.startswith("fail_on") else 0.0, "retries": retries},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -310,6 +321,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     examples = [json.loads(line) for line in (data_root / env.data_path).read_text().splitlines() if line]
     for row in examples:
         row["agent_ref"] = {"type": "responses_api_agents", "name": env.agent}
+        if args.env == "flaky":
+            row["responses_create_params"]["input"][-1]["content"] += f" FAIL_RATE_{args.transient_failure_pct}"
+    if args.env == "flaky":
+        os.environ["NEMO_GYM_EXTRA_ROOTS"] = str(GYM_ENVS)  # where Gym 0.7 finds the test server
     rows = [examples[i % len(examples)] for i in range(args.episodes)]
     data = harness.write_jsonl(rows, tmp / "rows.jsonl")
     config_path = plugin_yaml(
@@ -320,6 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_s=args.batch_s,
         default_limits=args.nemo_gym_default_limits,
         server_workers=args.server_workers,
+        retries=args.retries,
     )
     overrides = harness.cpu_trainer_overrides(
         model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
@@ -395,6 +411,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "output_rows": len(output),
                     "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
                     "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
+                    "retried": output.meta_info["timing"]["nemo_gym/all/retried"],
+                    "recovered": output.meta_info["timing"]["nemo_gym/all/recovered"],
                     "rewards_match": rewards == expected,
                     "reward_sum": sum(rewards),
                     "fd_samples": sampler.samples,
@@ -434,6 +452,8 @@ def main() -> None:
     parser.add_argument("--batch-s", type=float, default=600.0)
     parser.add_argument("--sample-interval-s", type=float, default=0.1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--transient-failure-pct", type=int, default=10, help="--env flaky: verifies failed, in %%")
+    parser.add_argument("--retries", type=int, default=1, help="the plugin's failures.retries")
     parser.add_argument(
         "--direct-to-agent", action="store_true", help="post rows to the agents, not to Gym 0.7's environment servers"
     )
@@ -448,7 +468,8 @@ def main() -> None:
     print(
         f"{report['episodes']} episodes in {report['batch_wall_s']:.1f} s: {report['episodes_per_s']:.1f} episodes/s "
         f"(start-up {report['startup_s']:.1f} s); RLIMIT_NOFILE {report['nofile']}; "
-        f"failures {len(report['failures'])}; '{EMFILE_TEXT}' lines {len(report['emfile_lines'])}"
+        f"failures {len(report['failures'])}; retried {report['retried']:.0f}, recovered {report['recovered']:.0f}; "
+        f"'{EMFILE_TEXT}' lines {len(report['emfile_lines'])}"
     )
     print(
         f"NeMo Gym {report['gym_version']}: {report['model_calls']} model calls, {report['calls_per_s']:.1f} calls/s, "

@@ -24,11 +24,16 @@ Contract with verl (see the README, "How it works"):
 - Validation (`meta_info["validate"]`): each real episode runs once. verl pads the batch to a multiple of
   `rollout.agent.num_workers` with copies of its leading rows; those rows are not run but filled with copies of
   the packed rows they duplicate (`rollout_requests.real_rows`), and the trainer drops them. verl's `_validate`
-  reads no `meta_info["timing"]`, so failures also travel as per-episode fields in `reward_extra_keys`
-  (`val-aux/<data_source>/nemo_gym/failed/mean@N`, see `metrics.py`) and in a warning counting them by cause.
+  reads no `meta_info["timing"]`, so failures also travel as per-episode fields in `reward_extra_keys`: `acc`,
+  the reward of each episode that did not fail (verl's `val-core/<data_source>/acc/mean@N`), and
+  `val-aux/<data_source>/nemo_gym/failed/mean@N` (see `metrics.py`), plus a warning counting them by cause.
 - The batch is bounded by `timeouts.batch_s`, and the servers are health-checked while it waits: a dead server
-  or an expired deadline raises `RolloutAborted` naming the server or the pending count. Episodes that fail
-  alone are masked and counted (`failures.py`); past `failures.max_fraction` the step fails with a summary.
+  or an expired deadline raises `RolloutAborted` naming the server or the pending count. An episode that fails
+  for an infrastructure cause is run again up to `failures.retries` times in the same batch; what still fails is
+  masked and counted (`failures.py`), and past `failures.max_fraction` the step fails with a summary.
+- A failed episode changes no statistic: with `algorithm.adv_estimator=nemo_gym_grpo` (or another failure-aware
+  estimator, registered when the manager is built: `advantages.py`) it is left out of its group's baseline, and
+  verl's `critic/score/*` leaves it out (`packing/batch.py`). A plain verl group estimator gets a warning.
 - All NeMo Gym calls run on one event loop this manager owns (the runtime's aiohttp session is bound to the loop
   it was made on, and verl's `create` runs on a loop that is closed right after). It is the only `BackgroundLoop`
   in production: `GymRuntime` borrows it, and its `collect` is awaited on it (`generate_sequences`).
@@ -51,6 +56,7 @@ import numpy as np
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
+from recipe.nemo_gym.advantages import FAILURE_AWARE, plain_estimator_warning, register_failure_aware_estimators
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.data_check import DataFilesError, check_data_files
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
@@ -67,6 +73,7 @@ from recipe.nemo_gym.metrics import (
 )
 from recipe.nemo_gym.metrics import (
     VALIDATION_FAILED_KEY,
+    VALIDATION_SCORE_KEY,
     describe_failures,
     environment_metrics,
     validation_extra_info,
@@ -126,6 +133,11 @@ class NeMoGymAgentLoopManager:
         self.plugin_config: NeMoGymConfig = load_config(path)
         self.llm_client = llm_client
         self.budget = FailureBudget(self.plugin_config.failures.max_fraction)
+        self.adv_estimator = _adv_estimator(config)
+        # verl computes advantages in this process (the TaskRunner): the failure-aware estimators must be known here.
+        register_failure_aware_estimators(self.plugin_config.failures.min_valid_per_group)
+        if (warning := plain_estimator_warning(self.adv_estimator)) is not None:
+            logger.warning("NeMo Gym: %s (recipe/nemo_gym/advantages.py)", warning)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.tokenizer = _tokenizer(config)
@@ -250,10 +262,16 @@ class NeMoGymAgentLoopManager:
         )
         # The batch's output memory is first touched in a worker thread while NeMo Gym runs, not after it.
         prefaulted = asyncio.get_running_loop().run_in_executor(None, packer.prefault)
-        timeouts = self.plugin_config.timeouts
+        timeouts, failure_settings = self.plugin_config.timeouts, self.plugin_config.failures
+        attempts = [1] * n_real
         try:
             results = await self._runtime.collect(
-                examples, deadline_s=timeouts.batch_s, health_check_interval_s=timeouts.health_check_interval_s
+                examples,
+                deadline_s=timeouts.batch_s,
+                health_check_interval_s=timeouts.health_check_interval_s,
+                retries=failure_settings.retries,
+                retry_delay_s=failure_settings.retry_delay_s,
+                attempts=attempts,
             )
         finally:
             await prefaulted
@@ -281,24 +299,42 @@ class NeMoGymAgentLoopManager:
         self.budget.check(failures, len(results))
         packed = packer.finish()
         t_packed = time.perf_counter()
-        self.last_stats = packed.stats
+        uids = prompts.non_tensor_batch.get("uid")
+        stats = dataclasses.replace(
+            packed.stats,
+            attempts=np.asarray(attempts),
+            uid=np.asarray(uids, dtype=object)[:n_real] if uids is not None and not validate else None,
+        )
+        self.last_stats = stats
+        retried = int((stats.attempts > 1).sum())
+        if retried:
+            logger.warning(
+                "NeMo Gym: %d of %d episodes were retried (failures.retries %d); %d recovered, %d failed again",
+                retried,
+                n_real,
+                failure_settings.retries,
+                int(((stats.attempts > 1) & ~stats.failed).sum()),
+                int(((stats.attempts > 1) & stats.failed).sum()),
+            )
         timing = {
             f"{METRICS_PREFIX}rollout_wait": t_collected - t_start,
             f"{METRICS_PREFIX}packing": t_packed - t_collected,
             f"{METRICS_PREFIX}packing_share": (t_packed - t_collected) / max(t_packed - t_start, 1e-9),
         }
-        timing.update(environment_metrics(packed.stats))
+        min_valid = failure_settings.min_valid_per_group if self.adv_estimator in FAILURE_AWARE else None
+        timing.update(environment_metrics(stats, min_valid_per_group=min_valid))
         output = packed.data
         if validate:
             # verl's _validate reads no timing: per-episode fields it aggregates per data_source carry failures.
-            extra = validation_extra_info(packed.stats)
+            extra = validation_extra_info(stats)
             output.non_tensor_batch.update(extra)
             output.meta_info["reward_extra_keys"] = list(extra)
             if failures:
                 logger.warning(
-                    "NeMo Gym validation: %s; they are masked and count as reward 0 in val-core (see "
-                    "val-aux/<data_source>/%s)",
-                    describe_failures(packed.stats),
+                    "NeMo Gym validation: %s; they are masked, left out of val-core/<data_source>/%s and counted in "
+                    "val-aux/<data_source>/%s",
+                    describe_failures(stats),
+                    VALIDATION_SCORE_KEY,
                     VALIDATION_FAILED_KEY,
                 )
         if n_real < len(rows):
@@ -335,6 +371,13 @@ def _data_sources(prompts: DataProto, rows) -> list[str]:
     if sources is not None:
         return [str(s) for s in sources]
     return [row["agent_ref"]["name"] for row in rows]
+
+
+def _adv_estimator(config: Any) -> str:
+    """verl's `algorithm.adv_estimator` as a plain name ("" when the config has none)."""
+    algorithm = config.get("algorithm") if hasattr(config, "get") else None
+    name = algorithm.get("adv_estimator") if algorithm is not None else None
+    return str(getattr(name, "value", name or ""))
 
 
 def _as_list(files: Any) -> list[Any]:

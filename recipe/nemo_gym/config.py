@@ -172,7 +172,17 @@ class Timeouts(_Strict):
 class Failures(_Strict):
     max_fraction: float = Field(default=0.05, ge=0.0, le=1.0)
     """Share of a batch's episodes that may fail (masked, reward 0) before the step fails, rounded up to whole
-    episodes: a batch of B tolerates ceil(max_fraction x B) failures, so at least one when max_fraction > 0."""
+    episodes: a batch of B tolerates ceil(max_fraction x B) failures, so at least one when max_fraction > 0. It
+    counts what still fails after the retries."""
+    retries: int = Field(default=1, ge=0)
+    """An episode that failed for an infrastructure cause (an HTTP error from its agent, a dropped connection, a
+    failure Gym reports on its row) is run again, in the same step, up to this many times, within the batch's
+    deadline. Data causes and the environment's own `mask_sample` verdict are never retried."""
+    retry_delay_s: float = Field(default=1.0, ge=0.0)
+    """Wait before each retry of an episode."""
+    min_valid_per_group: int = Field(default=2, ge=1)
+    """With a failure-aware estimator (`algorithm.adv_estimator=nemo_gym_grpo`, ...; `advantages.py`): a group of
+    samples of one prompt that failures leave with fewer valid episodes than this gets advantage 0 on every row."""
 
 
 class Data(_Strict):

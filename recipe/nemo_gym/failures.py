@@ -53,6 +53,12 @@ class FailureCause(enum.StrEnum):
         infrastructure = (FailureCause.SERVER_ERROR, FailureCause.ENVIRONMENT_FAILED, FailureCause.CANCELLED)
         return FailureKind.INFRASTRUCTURE if self in infrastructure else FailureKind.DATA
 
+    @property
+    def retryable(self) -> bool:
+        """Worth running again: nothing is known to be wrong with the row (an infrastructure cause). A data cause
+        fails the same way every time, and `mask_sample` is the environment's verdict on the episode."""
+        return self.kind is FailureKind.INFRASTRUCTURE
+
 
 @dataclass(frozen=True)
 class EpisodeFailure:

@@ -14,9 +14,15 @@ N > 1); string values are skipped there but written to the validation dumps (`tr
 `validation_extra_info` gives those per-episode fields, so a masked validation episode, which counts as reward 0
 in `val-core`, is visible as `val-aux/<env>/nemo_gym/failed/mean@N`.
 
-Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause>`, `truncated`,
-`truncated_rate`, `stopped_on_length`, and `<x>/mean`, `<x>/max` over the episodes that were packed, for
-`num_turns`, `generated_tokens`, `trained_tokens`, `env_tokens`, `total_tokens`, `reward`.
+Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause>`, `retried` (episodes run more
+than once), `recovered` (retried and then packed), `truncated`, `truncated_rate`, `stopped_on_length`, and
+`<x>/mean`, `<x>/max` over the episodes that were packed, for `num_turns`, `generated_tokens`, `trained_tokens`,
+`env_tokens`, `total_tokens`, `reward`. With a failure-aware estimator, `groups_short_of_valid`: prompt groups
+that failures left with fewer than `failures.min_valid_per_group` valid episodes (advantage 0 on all their rows).
+
+In validation, `acc` is each episode's reward, or None for a failed episode, which verl's `process_validation_metrics`
+skips: `val-core/<env>/acc/mean@N` is the environment's score over the episodes that did not fail, while
+`val-aux/<env>/reward/mean@N` (verl's own, from `rm_scores`) still counts a failed episode as 0.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections import Counter
 
 import numpy as np
 
+from recipe.nemo_gym.advantages import groups_short_of_valid
 from recipe.nemo_gym.failures import FailureCause
 from recipe.nemo_gym.packing.stats import PackStats
 
@@ -34,6 +41,9 @@ VALIDATION_FAILED_KEY = "nemo_gym/failed"
 """Per validation episode: 1.0 if it failed (masked, reward 0), else 0.0."""
 VALIDATION_CAUSE_KEY = "nemo_gym/failure_cause"
 """Per validation episode: its `FailureCause` value, "" if it did not fail."""
+VALIDATION_SCORE_KEY = "acc"
+"""Per validation episode: its reward, None if it failed. verl 0.9.1 makes `acc` the core variable of
+`val-core/<data_source>/...` when a batch gives it (`RayPPOTrainer._val_metrics_update`) and skips None values."""
 
 
 def select_rows(stats: PackStats, rows: np.ndarray) -> PackStats:
@@ -48,12 +58,15 @@ def select_rows(stats: PackStats, rows: np.ndarray) -> PackStats:
     )
 
 
-def environment_metrics(stats: PackStats) -> dict[str, float]:
-    """Batch metrics for all rows (`nemo_gym/all/...`) and for each environment (`nemo_gym/<env>/...`)."""
-    out = _with_rates(stats, f"{PREFIX}all/")
+def environment_metrics(stats: PackStats, min_valid_per_group: int | None = None) -> dict[str, float]:
+    """Batch metrics for all rows (`nemo_gym/all/...`) and for each environment (`nemo_gym/<env>/...`).
+
+    `min_valid_per_group` (a failure-aware estimator's setting; None otherwise) adds `groups_short_of_valid`."""
+    out = _with_rates(stats, f"{PREFIX}all/", min_valid_per_group)
     if stats.data_source is not None:
         for env in sorted({str(s) for s in stats.data_source}):
-            out.update(_with_rates(select_rows(stats, stats.data_source == env), f"{PREFIX}{env}/"))
+            env_stats = select_rows(stats, stats.data_source == env)
+            out.update(_with_rates(env_stats, f"{PREFIX}{env}/", min_valid_per_group))
     return out
 
 
@@ -69,6 +82,9 @@ def batch_metrics(stats: PackStats, prefix: str = PREFIX) -> dict[str, float]:
     }
     for cause in FailureCause:
         out[f"{prefix}failed/{cause.value}"] = float((stats.failure_cause == cause.value).sum())
+    retried = stats.attempts > 1 if stats.attempts is not None else np.zeros(len(ok), dtype=bool)
+    out[f"{prefix}retried"] = float(retried.sum())
+    out[f"{prefix}recovered"] = float((retried & ok).sum())
     for name in ("num_turns", "generated_tokens", "trained_tokens", "env_tokens", "total_tokens", "reward"):
         values = getattr(stats, name)[ok]
         out[f"{prefix}{name}/mean"] = float(values.mean()) if n_ok else 0.0
@@ -76,10 +92,14 @@ def batch_metrics(stats: PackStats, prefix: str = PREFIX) -> dict[str, float]:
     return out
 
 
-def _with_rates(stats: PackStats, prefix: str) -> dict[str, float]:
+def _with_rates(stats: PackStats, prefix: str, min_valid_per_group: int | None = None) -> dict[str, float]:
     out = batch_metrics(stats, prefix)
     episodes = len(stats.failure_cause)
     out[f"{prefix}truncated_rate"] = float(stats.truncated.sum()) / episodes if episodes else 0.0
+    if min_valid_per_group is not None and stats.uid is not None:
+        # Valid as the estimator sees it: a trained token in the row (`advantages.valid_rows`).
+        short = groups_short_of_valid(stats.trained_tokens > 0, stats.uid, min_valid_per_group)
+        out[f"{prefix}groups_short_of_valid"] = float(len(set(stats.uid[short].tolist())))
     return out
 
 
@@ -89,7 +109,11 @@ def validation_extra_info(stats: PackStats) -> dict[str, np.ndarray]:
     Given for every validation batch, failures or not: verl asserts each extra key holds one value per sample
     over the whole validation set.
     """
+    score = np.empty(len(stats.reward), dtype=object)
+    for row, (failed, reward) in enumerate(zip(stats.failed, stats.reward, strict=True)):
+        score[row] = None if failed else float(reward)
     return {
+        VALIDATION_SCORE_KEY: score,
         VALIDATION_FAILED_KEY: stats.failed.astype(np.float64),
         VALIDATION_CAUSE_KEY: np.array([str(c) for c in stats.failure_cause], dtype=object),
     }

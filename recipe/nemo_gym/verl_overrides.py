@@ -2,7 +2,8 @@
 """The verl overrides that plug this recipe into `python -m verl.trainer.main_ppo`: stated once, used everywhere.
 
 `plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its
-model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO, the
+model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO over the
+episodes that did not fail (`nemo_gym_grpo`, registered by the manager: `advantages.py`), the
 multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset, and
 vLLM's tool-call parsing. NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers
 tools, which vLLM refuses (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the
@@ -45,7 +46,7 @@ def plugin_overrides(
         ]
     return [
         "trainer.use_v1=false",
-        "algorithm.adv_estimator=grpo",
+        "algorithm.adv_estimator=nemo_gym_grpo",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true",

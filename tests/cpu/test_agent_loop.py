@@ -24,7 +24,7 @@ from verl.utils.dataset.rl_dataset import collate_fn
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.event_loop import BackgroundLoop
-from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
+from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureCause
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.results import synthetic_result
@@ -46,7 +46,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.batches: list[list[dict]] = []
 
-    async def collect(self, examples, deadline_s, health_check_interval_s):
+    async def collect(self, examples, deadline_s, health_check_interval_s, **retry):
         self.batches.append(list(examples))
         results = []
         for i, example in enumerate(examples):
@@ -176,12 +176,15 @@ def test_verls_validate_reports_failed_episodes_per_data_source_and_runs_each_on
     assert len(runtime.batches) == before + 1 and len(runtime.batches[-1]) == ROWS  # not the 16 padded rows
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / ROWS)
     rewards = [i / 10 for i in range(ROWS) if i != FAILING_ROW]
-    assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(sum(rewards) / ROWS)
+    # The environment's score leaves the failed episode out; verl's own reward variable still counts it as 0.
+    assert metrics[f"val-core/{MATH}/acc/mean@1"] == pytest.approx(sum(rewards) / (ROWS - 1))
+    assert metrics[f"val-aux/{MATH}/reward/mean@1"] == pytest.approx(sum(rewards) / ROWS)
+    assert not any(key.startswith(f"val-core/{MATH}/reward/") for key in metrics)
     assert not any("failure_cause" in key for key in metrics)  # strings go to dumps, not to metrics
     warnings = [r.getMessage() for r in plugin_caplog.records if "validation" in r.getMessage()]
     assert warnings == [
-        f"NeMo Gym validation: 1 of {ROWS} episodes failed (server_error=1; {MATH}: 1); they are masked and count "
-        "as reward 0 in val-core (see val-aux/<data_source>/nemo_gym/failed)"
+        f"NeMo Gym validation: 1 of {ROWS} episodes failed (server_error=1; {MATH}: 1); they are masked, left out "
+        "of val-core/<data_source>/acc and counted in val-aux/<data_source>/nemo_gym/failed"
     ]
 
 
@@ -190,3 +193,45 @@ def test_verls_validate_without_failures_still_reports_the_failed_share(setup, p
         metrics = stub_trainer(setup, [0, 1, 2])._validate()
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == 0.0
     assert not [r for r in plugin_caplog.records if "validation" in r.getMessage()]
+
+
+# ------------------------------------------------------------------------------------ failures and advantages
+
+
+def test_a_failed_training_episode_moves_no_advantage_and_no_score_in_verls_own_functions(setup, monkeypatch):
+    """The manager's training batch through verl's `compute_advantage` (with the recipe's `nemo_gym_grpo`) and its
+    step metrics: rows q3 (both samples fail) and q4, q5 (both valid)."""
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    manager, config = setup["manager"], setup["config"]
+    assert config.algorithm.adv_estimator == "nemo_gym_grpo"  # what the recipe's overrides select
+    monkeypatch.setattr(manager, "budget", FailureBudget(0.5))  # 2 of 6 fail: over the YAML's 5%
+    kept, batch = harness.trainer_batches(setup["dataset"], [FAILING_ROW, 4, 5], config)
+    output = manager.generate_sequences(batch)
+    merged = kept.union(output)
+    merged.batch["token_level_scores"] = merged.batch["token_level_rewards"] = merged.batch["rm_scores"]
+    merged = compute_advantage(merged, adv_estimator=config.algorithm.adv_estimator, config=config.algorithm)
+    advantages = merged.batch["advantages"]
+    assert torch.count_nonzero(advantages[:2]) == 0  # the failed group
+    # Two valid samples with one score each (the fake environment's reward is the row's number / 10): GRPO gives
+    # 0 to equal scores; the failed rows' zeros would have made them positive.
+    assert torch.count_nonzero(advantages[2:]) == 0
+    metrics = compute_data_metrics(merged, use_critic=False)
+    assert metrics["critic/score/mean"] == pytest.approx((0.4 + 0.4 + 0.5 + 0.5) / 4)
+    assert metrics["response/aborted_ratio"] == pytest.approx(2 / 6)
+    timing = output.meta_info["timing"]
+    assert timing["nemo_gym/all/groups_short_of_valid"] == 1.0
+    assert (timing["nemo_gym/all/failed"], timing["nemo_gym/all/retried"]) == (2.0, 0.0)
+
+
+def test_a_plain_verl_group_estimator_gets_one_warning_at_start_up(setup, plugin_caplog):
+    config = setup["config"].copy()
+    config.algorithm.adv_estimator = "rloo"
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
+        NeMoGymAgentLoopManager(config, llm_client=None)
+    assert [r.getMessage() for r in plugin_caplog.records if "adv_estimator" in r.getMessage()] == [
+        "NeMo Gym: algorithm.adv_estimator=rloo: a failed NeMo Gym episode's reward 0 enters its group's baseline and "
+        "shifts its siblings' advantages; set algorithm.adv_estimator=nemo_gym_rloo to compute it over valid episodes "
+        "only (recipe/nemo_gym/advantages.py)"
+    ]

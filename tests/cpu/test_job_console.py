@@ -58,7 +58,7 @@ def test_training_step_line_shows_reward_per_environment_loss_failures_and_times
 
 
 def test_validation_step_line_shows_the_validation_reward_per_environment():
-    data = {"val-core/math/reward/mean@1": 0.0, "val-core/workplace/reward/mean@1": 1.0}
+    data = {"val-core/math/acc/mean@1": 0.0, "val-core/workplace/acc/mean@1": 1.0, "val-aux/math/reward/mean@1": 0.0}
     assert format_step({"step": 0, "data": data}) == "step 0 | validation math=0.000 workplace=1.000"
 
 

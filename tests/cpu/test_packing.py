@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -116,6 +117,8 @@ def test_single_turn_episode_packs_into_verls_padded_layout():
         "position_ids": [[0, 0, 1, 2, 3, 4, 5, 5, 5]],
         "rollout_log_probs": [[-0.5, -0.25, -0.125, 0.0, 0.0]],
         "rm_scores": [[0.0, 0.0, 1.0, 0.0, 0.0]],
+        "prompt_length": [3.0],
+        "response_length": [3.0],
     }
     assert packed.non_tensor_batch["__num_turns__"].tolist() == [2]
     assert packed.non_tensor_batch["__num_turns__"].dtype == np.int32
@@ -139,6 +142,8 @@ def test_multi_turn_episode_masks_tool_and_user_tokens():
         "position_ids": [[0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]],
         "rollout_log_probs": [[-0.5, -0.25, 0.0, 0.0, 0.0, -1.0, 0.0, -0.125, -2.0, 0.0]],
         "rm_scores": [[0, 0, 0, 0, 0, 0, 0, 0, 0.75, 0]],
+        "prompt_length": [2.0],
+        "response_length": [9.0],
     }
     assert packed.data.non_tensor_batch["__num_turns__"].tolist() == [6]
     stats = packed.stats
@@ -186,6 +191,8 @@ def test_episode_longer_than_response_length_is_cut_flagged_and_keeps_its_reward
         "position_ids": [[0, 1, 2, 3, 4, 5, 6, 7]],
         "rollout_log_probs": [[-0.5, -0.25, 0.0, 0.0, 0.0, -1.0]],
         "rm_scores": [[0, 0, 0, 0, 0, 0.5]],
+        "prompt_length": [2.0],
+        "response_length": [6.0],
     }
     assert six.stats.truncated.tolist() == [True]
     assert six.stats.trained_tokens.tolist() == [3]
@@ -233,6 +240,9 @@ def test_failed_episode_carries_its_prompt_and_one_attended_pad_and_trains_on_no
         "position_ids": [[0, 0, 1, 2, 2], [0, 0, 1, 2, 2], [0, 0, 0, 1, 1], [0, 1, 2, 3, 3]],
         "rollout_log_probs": [[-0.5, 0], [0, 0], [0, 0], [0, 0]],
         "rm_scores": [[1.0, 0], [0, 0], [0, 0], [0, 0]],
+        # verl's step metrics read these: a failed row has no response (an aborted sample, outside critic/score).
+        "prompt_length": [2.0, 2.0, 1.0, 3.0],
+        "response_length": [1.0, 0.0, 0.0, 0.0],
     }
     assert packed.stats.failure_cause.tolist() == ["", "server_error", "contiguity_broken", "prompt_too_long"]
     assert packed.stats.failed.tolist() == [False, True, True, True]
@@ -591,3 +601,29 @@ def test_packer_refuses_an_episode_longer_than_the_prompt_length_instead_of_deci
     episode = episode_from_result(synthetic_result([([11, 12], [21], [-0.5])]))
     with pytest.raises(ValueError, match="row 0: first prompt is 2 tokens, over the prompt length 1"):
         pack_batch([episode], prompt_length=1, response_length=2, pad_token_id=PAD)
+
+
+def test_failed_rows_are_left_out_of_verls_score_metrics_and_the_plugins_validation_score():
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    from recipe.nemo_gym.metrics import environment_metrics, validation_extra_info
+
+    ok = [episode_from_result(synthetic_result([([11, 12], [21, 22], [-0.5, -0.5])], reward=r)) for r in (1.0, 0.5)]
+    failed = EpisodeFailure(FailureCause.SERVER_ERROR, "HTTP 503", row=2)
+    packed = pack_batch([ok[0], ok[1], failed], prompt_length=2, response_length=3, pad_token_id=PAD)
+    data = packed.data
+    # What verl's fit adds before its step metrics (no critic, no KL in the reward).
+    data.batch["token_level_scores"] = data.batch["token_level_rewards"] = data.batch["rm_scores"]
+    data.batch["advantages"] = data.batch["returns"] = torch.zeros_like(data.batch["rm_scores"])
+    metrics = compute_data_metrics(data, use_critic=False)
+    assert metrics["critic/score/mean"] == 0.75  # (1.0 + 0.5) / 2: the failed row's 0 is not averaged in
+    assert metrics["critic/rewards/mean"] == 0.75
+    assert metrics["response/aborted_ratio"] == pytest.approx(1 / 3)
+    # Validation: `acc` is None for the failed episode, which verl's aggregation skips.
+    assert validation_extra_info(packed.stats)["acc"].tolist() == [1.0, 0.5, None]
+    # Retries and groups short of valid episodes, from the attempts and uids the manager adds.
+    stats = dataclasses.replace(packed.stats, attempts=np.array([2, 1, 3]), uid=np.array(["a", "b", "b"], dtype=object))
+    counted = environment_metrics(stats, min_valid_per_group=2)
+    assert (counted["nemo_gym/all/retried"], counted["nemo_gym/all/recovered"]) == (2.0, 1.0)
+    assert counted["nemo_gym/all/groups_short_of_valid"] == 1.0  # group b: one valid of two
+    assert "nemo_gym/all/groups_short_of_valid" not in environment_metrics(stats)  # a plain estimator: not counted

@@ -655,7 +655,8 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
     assert _chat_requests(stack) - sent_before == 3  # 3 real rows; verl padded the batch to 8
     assert len(manager.last_results) == 3
     assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / 3)
-    assert metrics[f"val-core/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
+    assert metrics[f"val-core/{MATH}/acc/mean@1"] == 1.0  # the failed episode is left out of the score
+    assert metrics[f"val-aux/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
 
 
 @pytest.mark.integration

@@ -80,7 +80,7 @@ def test_dry_run_overrides_compose_and_validate_in_verl(tmp_path, verl_checks, e
     rollout, actor = verl_checks(cfg)
 
     assert cfg.trainer.use_v1 is False
-    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.algorithm.adv_estimator == "nemo_gym_grpo"
     assert actor.strategy == strategy
     assert cfg.actor_rollout_ref.ref.strategy == strategy
     assert rollout.name == "vllm" and rollout.mode == "async" and rollout.multi_turn.enable is True

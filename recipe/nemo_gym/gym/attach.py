@@ -318,11 +318,11 @@ class AttachedGym(GymConnection):
         assert self._watch is not None
         await self._watch.check()
 
-    async def collect(self, examples, deadline_s, health_check_interval_s):  # noqa: D102 - see GymConnection
+    async def collect(self, examples, deadline_s, health_check_interval_s, **retry):  # noqa: D102 - see GymConnection
         wait = self._first_batch_after - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
-        return await super().collect(examples, deadline_s, health_check_interval_s)
+        return await super().collect(examples, deadline_s, health_check_interval_s, **retry)
 
     def shutdown(self) -> None:
         """Stop the relay, unpublish the policy, close the session. No Gym process is touched. Idempotent."""

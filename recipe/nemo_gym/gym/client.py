@@ -14,9 +14,10 @@ Contract:
   `/run` on an aiohttp session the caller owns and returns the agent's result or the row's `EpisodeFailure`
   (`outcomes.py` decides the cause): an HTTP error status, a body that is not a JSON object, a failure Gym reported on
   an HTTP 200 row, a prompt refused as too long. A connection that cannot be made is retried `CONNECT_RETRIES` times
-  (nothing was sent), then the row fails; a connection dropped mid-request fails the row at once (the episode may have
-  run, and a second run is not the same episode). The batch's deadline and health checks (`collect.py`) bound the
-  rest.
+  (nothing was sent), then the row fails; a connection dropped mid-request fails the row at once, as a
+  SERVER_ERROR. Whether such a row is run again is decided above this, for every infrastructure cause alike
+  (`failures.retries`, `collect.run_examples_in_order`): a second run is a new episode, never a resumed one, and
+  only the last run's result is trained on. The batch's deadline and health checks (`collect.py`) bound the rest.
 """
 
 from __future__ import annotations

@@ -81,6 +81,9 @@ async def run_examples_in_order(
     *,
     health_check_interval_s: float,
     progress: Callable[[int, int, int], None] | None = None,
+    retries: int = 0,
+    retry_delay_s: float = 0.0,
+    attempts: list[int] | None = None,
 ) -> list[RowOutcome]:
     """Run `post_run(index, row)` for every row concurrently; return outcomes in input order.
 
@@ -94,6 +97,11 @@ async def run_examples_in_order(
     function) runs before the first request and every `health_check_interval_s` while rows are pending; if it
     raises `GymServerDied`, or `deadline_s` passes, every pending request is cancelled and `RolloutAborted` is
     raised.
+
+    A row whose outcome is a retryable failure (`FailureCause.retryable`: an infrastructure cause) is posted again,
+    after `retry_delay_s`, up to `retries` times; its last outcome is kept. `attempts`, when given (one slot per
+    row), receives how many times each row was posted. The deadline bounds the retries too: a row still on a retry
+    when it passes keeps the failure that made it retry, and only rows still on their first run abort the batch.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be positive, got {deadline_s}")
@@ -102,8 +110,22 @@ async def run_examples_in_order(
     if n == 0:
         return []
 
+    # The failure a row is being retried for: what it keeps if the deadline cuts the retry.
+    retrying: dict[int, EpisodeFailure] = {}
+
     async def one(i: int) -> RowOutcome:
-        return await post_run(i, examples[i])
+        outcome = await post_run(i, examples[i])
+        runs = 1
+        while isinstance(outcome, EpisodeFailure) and outcome.cause.retryable and runs <= retries:
+            retrying[i] = outcome
+            logger.info("NeMo Gym episode failed and is retried (%d of %d): %s", runs, retries, outcome)
+            await asyncio.sleep(retry_delay_s)
+            runs += 1
+            if attempts is not None:
+                attempts[i] = runs
+            outcome = await post_run(i, examples[i])
+        retrying.pop(i, None)
+        return outcome
 
     loop = asyncio.get_running_loop()
     if health_check is not None:
@@ -118,6 +140,19 @@ async def run_examples_in_order(
         while pending:
             remaining = deadline - loop.time()
             if remaining <= 0:
+                cut = {t for t in pending if tasks[t] in retrying}
+                for task in cut:
+                    kept = retrying[tasks[task]]
+                    outcomes[tasks[task]] = EpisodeFailure(
+                        kept.cause, f"{kept.detail} (its retry was cut by the batch deadline)", row=kept.row
+                    )
+                    task.cancel()
+                failed += len(cut)
+                if cut:
+                    await asyncio.wait(cut, timeout=5.0)
+                pending -= cut
+                if not pending:
+                    break
                 rows = sorted(tasks[t] for t in pending)
                 shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
                 raise RolloutAborted(

@@ -110,10 +110,16 @@ class GymConnection:
         examples: Sequence[Mapping[str, Any]],
         deadline_s: float,
         health_check_interval_s: float,
+        *,
+        retries: int = 0,
+        retry_delay_s: float = 0.0,
+        attempts: list[int] | None = None,
     ) -> list[RowOutcome]:
         """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
 
-        Both times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`)."""
+        The times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
+        the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
+        `attempts` receives each row's number of runs: see `collect.run_examples_in_order`)."""
         if self._stopped:
             raise RolloutAborted("NeMo Gym is shut down: no batch can run")
         if asyncio.get_running_loop() is not self.loop.loop:
@@ -138,6 +144,9 @@ class GymConnection:
             health_check=health,
             health_check_interval_s=health_check_interval_s,
             progress=ProgressLine(waiting_on=watch.waiting_on),
+            retries=retries,
+            retry_delay_s=retry_delay_s,
+            attempts=attempts,
         )
 
     def _close_session(self) -> None:

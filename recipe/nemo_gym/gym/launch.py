@@ -187,7 +187,8 @@ class GymRuntime(GymConnection):
         cache = spec.resolved_cache_dir()
         venv_dir = spec.venv_dir or cache / "nemo_gym_venvs"
         shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
-        seams.link_server_venvs(venv_dir, seams.server_dirs([environment.install_root, Path.cwd()]), shim)
+        roots = [environment.install_root, Path.cwd(), *seams.extra_roots(os.environ)]
+        seams.link_server_venvs(venv_dir, seams.server_dirs(roots), shim)
 
         # A short private folder: Ray's socket paths under it must stay within the 107 bytes a Unix socket allows.
         self.run_dir = Path(tempfile.mkdtemp(prefix="ng-gym-", dir="/tmp" if Path("/tmp").is_dir() else None))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from recipe.nemo_gym.gym.errors import GymConfigError
@@ -97,6 +97,16 @@ def write_interpreter_shim(venv_dir: Path, python: str) -> Path:
     _write_atomically(bin_dir / "python", f'#!/bin/sh\nexec "{python}" "$@"\n', mode=0o755)
     _write_atomically(bin_dir / "activate", f'export PATH="{bin_dir}:$PATH"\n', mode=0o644)
     return shim
+
+
+EXTRA_ROOTS_ENV = "NEMO_GYM_EXTRA_ROOTS"
+"""Gym 0.7's list of further folders (`os.pathsep`-separated) it looks for `<server type>/<name>` server folders
+under, before the current directory and its own root (`nemo_gym.extra_roots`, read at start-up by every server)."""
+
+
+def extra_roots(environ: Mapping[str, str]) -> list[Path]:
+    """The folders `$NEMO_GYM_EXTRA_ROOTS` names, in order (pure): their servers need venv links too."""
+    return [Path(p) for p in environ.get(EXTRA_ROOTS_ENV, "").split(os.pathsep) if p]
 
 
 def server_dirs(roots: Iterable[Path]) -> list[tuple[str, str]]:

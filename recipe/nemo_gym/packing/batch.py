@@ -32,9 +32,16 @@ Decisions (and why):
   "last valid token" arithmetic never sees -1), a failed row carries the caller's tokenised prompt
   (`fallback_prompt_ids`, its last `prompt_length` tokens) or a single `pad_token_id`, and one attended
   `pad_token_id` as its response. verl's `agg_loss` excludes rows whose mask is all 0 from sequence-mean
-  modes, and token-mean counts only masked tokens, so such a row adds nothing to the policy loss. Its reward 0
-  does enter its group's mean/std in GRPO-like estimators and the validation score: that is the cost of
-  keeping row order and batch size, and why failures are budgeted (`failures.FailureBudget`).
+  modes, and token-mean counts only masked tokens, so such a row adds nothing to the policy loss. Row order and
+  batch size are kept, so the row's reward 0 must be kept out of every statistic: the failure-aware estimators
+  (`advantages.py`, `algorithm.adv_estimator=nemo_gym_grpo` and the others) leave it out of its group's
+  baseline and give it advantage 0; its `response_length` of 0 (below) puts it among verl's aborted samples,
+  outside `critic/score/*` and `critic/rewards/*`; the plugin's `reward/mean` metrics and the validation score
+  (`metrics.validation_extra_info`) count valid episodes only.
+- `prompt_length` and `response_length` [B] float32 are the attended lengths verl's step metrics would otherwise
+  derive from `attention_mask`, except that a failed row's response length is 0 (its one attended pad token is no
+  response). verl 0.9.1 reads them only there (`metric_utils._compute_response_info`): throughput counts no
+  failed row's token, and `response/aborted_ratio` is the share of failed episodes.
 - `data_source` comes from the input row's own (so verl's `DataProto.union` sees identical arrays) or else
   from each result's `agent_ref.name`; a result whose agent differs from its input row's is a row mix-up and
   raises `ValueError`.
@@ -231,7 +238,8 @@ class BatchPacker:
             raise ValueError(
                 f"{len(missing)} of {self.batch_size} rows were never packed (first: {missing[:10].tolist()})"
             )
-        B = self.batch_size
+        B, P = self.batch_size, self.prompt_length
+        failed = self.causes != ""
         batch = TensorDict(
             {
                 "prompts": torch.from_numpy(self.prompts),
@@ -242,6 +250,13 @@ class BatchPacker:
                 "position_ids": torch.from_numpy(self.position_ids),
                 "rollout_log_probs": torch.from_numpy(self.log_probs),
                 "rm_scores": torch.from_numpy(self.rm_scores),
+                # Read by verl's step metrics in place of lengths from `attention_mask` (`_compute_response_info`,
+                # verl 0.9.1): a failed row's response length 0 makes verl count it as aborted, outside
+                # `critic/score/*` and `critic/rewards/*` (module docstring). Float: verl takes their mean.
+                "prompt_length": torch.from_numpy(self.attention_mask[:, :P].sum(axis=1).astype(np.float32)),
+                "response_length": torch.from_numpy(
+                    np.where(failed, 0, self.attention_mask[:, P:].sum(axis=1)).astype(np.float32)
+                ),
             },
             batch_size=B,
         )

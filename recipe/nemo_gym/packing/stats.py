@@ -32,6 +32,8 @@ class PackStats:
     reward: np.ndarray  # float32, the reward packed into rm_scores (0 for failed rows)
     failure_cause: np.ndarray  # object, FailureCause value or ""
     data_source: np.ndarray | None  # object, agent name per row, when known
+    attempts: np.ndarray | None = None  # int, times the row was run (1 + its retries); set by the manager
+    uid: np.ndarray | None = None  # object, verl's prompt-group id per row (training batches); set by the manager
 
     @property
     def failed(self) -> np.ndarray:

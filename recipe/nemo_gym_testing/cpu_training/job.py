@@ -478,7 +478,8 @@ def format_step(step: dict[str, Any]) -> str:
     data = step["data"]
     gym = "timing_s/nemo_gym/"
     parts = [f"step {step['step']}"]
-    vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/reward/" in k}
+    # verl's core validation variable: the plugin's `acc` (the reward over episodes that did not fail).
+    vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/acc/" in k}
     if vals:
         parts.append("validation " + " ".join(f"{env}={v:.3f}" for env, v in sorted(vals.items())))
     rewards = [f"{env}={data[f'{gym}{env}/reward/mean']:.3f}" for env in environments(data)]
