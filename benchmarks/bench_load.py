@@ -24,6 +24,9 @@ OpenAI server over our own CPU engine; the scripted answers cost next to nothing
 orchestration (the manager and Gym) rather than the policy: the set-up the in-process figures of issue 23 were taken
 with. `--server-workers N` runs the model server and the environment server (relay) as N processes each (Gym 0.7's
 `num_workers`; its simple_agent cannot run so).
+`--env flaky` measures what retries add to a batch: after a warm-up, `--rounds` pairs of batches of uppercase_share's
+rows on the tests' `fail_on_request` server (`tests/cpu/gym_envs`), the first with no failure, the second with each
+verify failing at random at `--transient-failure-pct` (HTTP 500; the manager retries it `--retries` times).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
@@ -295,6 +298,37 @@ def plugin_yaml(
     return path
 
 
+def retry_cost(manager: Any, dataset: Any, config: Any, episodes: int, rounds: int) -> list[dict[str, float]]:
+    """`--env flaky`: a warm-up batch, then `rounds` pairs of batches on the same engine and Gym, one whose verifies
+    never fail and one whose verifies fail at `--transient-failure-pct` (the manager retries them): wall times and
+    the retry counts of each pair."""
+    from recipe.nemo_gym_testing.cpu_policy import harness
+
+    def batch(indices: range) -> tuple[float, dict[str, float]]:
+        _, rows = harness.trainer_batches(dataset, indices, config)
+        t0 = time.perf_counter()
+        output = manager.generate_sequences(rows)
+        return time.perf_counter() - t0, output.meta_info["timing"]
+
+    clean, failing = range(episodes), range(episodes, 2 * episodes)
+    batch(clean)  # warm-up: the engine's first batch of this size
+    pairs = []
+    for _ in range(rounds):
+        clean_s, _ = batch(clean)
+        failing_s, timing = batch(failing)
+        pairs.append(
+            {
+                "clean_s": clean_s,
+                "failing_s": failing_s,
+                "retried": timing["nemo_gym/all/retried"],
+                "recovered": timing["nemo_gym/all/recovered"],
+                "failed": timing["nemo_gym/all/failed"],
+            }
+        )
+        print(f"retry cost: {pairs[-1]}", flush=True)
+    return pairs
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
@@ -321,11 +355,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     examples = [json.loads(line) for line in (data_root / env.data_path).read_text().splitlines() if line]
     for row in examples:
         row["agent_ref"] = {"type": "responses_api_agents", "name": env.agent}
-        if args.env == "flaky":
-            row["responses_create_params"]["input"][-1]["content"] += f" FAIL_RATE_{args.transient_failure_pct}"
+    rows = [json.loads(json.dumps(examples[i % len(examples)])) for i in range(args.episodes)]
     if args.env == "flaky":
         os.environ["NEMO_GYM_EXTRA_ROOTS"] = str(GYM_ENVS)  # where Gym 0.7 finds the test server
-    rows = [examples[i % len(examples)] for i in range(args.episodes)]
+        # The first half of the file asks for no failure, the second for --transient-failure-pct: the paired batches.
+        failing = json.loads(json.dumps(rows))
+        for row in rows:
+            row["responses_create_params"]["input"][-1]["content"] += " FAIL_RATE_0"
+        for row in failing:
+            row["responses_create_params"]["input"][-1]["content"] += f" FAIL_RATE_{args.transient_failure_pct}"
+        rows += failing
     data = harness.write_jsonl(rows, tmp / "rows.jsonl")
     config_path = plugin_yaml(
         tmp / "plugin.yaml",
@@ -382,7 +421,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             servers = {s.name for s in runtime.servers}
             server_pids = {pid: name for pid, name in runtime.pids().items() if name in servers}  # not Gym's Ray
             report["gym_version"] = runtime.version
-            _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
+            if args.env == "flaky":
+                report["retry_cost"] = retry_cost(manager, dataset, config, args.episodes, args.rounds)
+            _, batch = harness.trainer_batches(dataset, range(args.episodes), config)
             watched = {psutil.Process().pid: "manager", **server_pids}
             if policy_pid:
                 watched[policy_pid] = POLICY_SERVER
@@ -398,7 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not isinstance(r, EpisodeFailure)
             )
             orchestration_cpu_s = sum(row["cpu_s"] for row in sampler.report() if row["name"] != POLICY_SERVER)
-            expected = [expected_reward(args.env, row) for row in rows]
+            expected = [expected_reward(args.env, row) for row in rows[: args.episodes]]
             connector = runtime._session.connector  # noqa: SLF001 - the client the rows were posted on
             report.update(
                 {
@@ -454,6 +495,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--transient-failure-pct", type=int, default=10, help="--env flaky: verifies failed, in %%")
     parser.add_argument("--retries", type=int, default=1, help="the plugin's failures.retries")
+    parser.add_argument("--rounds", type=int, default=3, help="--env flaky: pairs of batches, clean and failing")
     parser.add_argument(
         "--direct-to-agent", action="store_true", help="post rows to the agents, not to Gym 0.7's environment servers"
     )
@@ -477,6 +519,12 @@ def main() -> None:
     )
     print(f"manager connector: {report['manager_connector']}; servers: {report['server_connector_limits']}")
     print(f"peak open FDs, all watched processes together: {report['fd_peak_total']} ({report['fd_samples']} samples)")
+    for pair in report.get("retry_cost", []):
+        print(
+            f"retries: {pair['clean_s']:.1f} s without failures, {pair['failing_s']:.1f} s with "
+            f"{args.transient_failure_pct}% ({pair['retried']:.0f} retried, {pair['recovered']:.0f} recovered, "
+            f"{pair['failed']:.0f} failed)"
+        )
     for row in report["processes"]:
         print(
             f"  {row['name']:<30} pid {row['pid']:<8} peak {row['peak_fds']:>6} fds (soft limit {row['soft_nofile']}), "

@@ -42,6 +42,7 @@ from recipe.nemo_gym.gym.errors import (
 from recipe.nemo_gym.gym.launch import GymRuntime, check_port_free
 from recipe.nemo_gym.gym.seams import (
     check_config_paths,
+    extra_roots,
     link_server_venvs,
     nemo_gym_install_root,
     resolve_config_path,
@@ -291,6 +292,12 @@ def test_every_server_folder_of_the_roots_gets_a_venv_link(tmp_path: Path) -> No
         ("resources_servers", "mine"),
         ("responses_api_agents", "simple_agent"),
     ]
+
+
+def test_the_folders_of_nemo_gym_extra_roots_are_roots_too() -> None:
+    # Gym 0.7 looks for server folders under $NEMO_GYM_EXTRA_ROOTS first; their servers need venv links as well.
+    assert extra_roots({"NEMO_GYM_EXTRA_ROOTS": f"/a/b{os.pathsep}{os.pathsep}/c"}) == [Path("/a/b"), Path("/c")]
+    assert extra_roots({}) == []
 
 
 def test_validate_examples_names_every_bad_row_in_one_error() -> None:
