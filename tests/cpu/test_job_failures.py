@@ -6,7 +6,9 @@ SPEC.json`: verl's real `main_ppo`, verl's vLLM rollout on vLLM's CPU build, NeM
 uppercase_share environment), injects one fault, and asserts the exit status and the console's last lines: they
 must name what failed and why, and the log file for the rest. After every job nothing of it may be left: no
 process (found by a marker in the environment every process of the job inherits) and no temporary folder of the
-run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation.
+run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation. The job runner's own
+semantics (Ctrl-C, a trainer killed by a signal) are tested against a stand-in that behaves like `main_ppo` for the
+runner (`cpu_training/stand_in_trainer.py`); the plugin's own faults, against the real trainer.
 
 The job that trains to the end (beside a second job refused on its folder) also carries the failure-neutral step:
 its environment (tests/cpu/gym_envs/.../fail_on_request, a real Gym 0.7 resources server) fails one episode once
@@ -311,10 +313,20 @@ def test_a_nemo_gym_server_killed_while_training_ends_the_job_naming_it(tmp_path
     assert second.startswith("  NeMo Gym server 'uppercase_share"), job.console()  # what happened to it
 
 
-def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
+STAND_IN = "recipe.nemo_gym_testing.cpu_training.stand_in_trainer"
+
+
+def _stand_in_spec(tmp_path: Path, plugin_yaml: Path) -> JobSpec:
+    """The job runner's own semantics need no training: a process that behaves like `main_ppo` for the runner (its
+    own process group with a child, a file in its TMPDIR, the manager's ready line, verl's way of stopping on
+    SIGINT) stands in for the trainer (`stand_in_trainer.py`)."""
     train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    return dataclasses.replace(_spec(tmp_path, plugin_yaml, train, steps=4), trainer_module=STAND_IN)
+
+
+def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
     before = _job_temp_folders()
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "ctrl-c")
+    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "ctrl-c")
     job.wait_for_log(READY)
     os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the job runner's process group
     assert job.finish() == 130, job.console()
@@ -322,7 +334,7 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
     assert job.lines[-2] == "main_ppo: SIGINT received; stopping the trainer (SIGINT, then SIGKILL after 30 s)"
     assert job.lines[-1].startswith("main_ppo stopped by SIGINT after ")
     assert job.lines[-1].endswith(f"(exit status 130); log: {job.spec.log_file}")
-    # The trainer itself got SIGINT and stopped within the grace period (verl's way: no SIGKILL needed).
+    # The trainer itself got SIGINT and stopped within the grace period (no SIGKILL needed), and its child with it.
     log = job.spec.log_file.read_text().splitlines()
     stopped = [line for line in log if line.startswith("job runner: the trainer")]
     assert len(stopped) == 1 and stopped[0].endswith(" s after SIGINT"), stopped
@@ -331,15 +343,16 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
 
 
 def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugin_yaml):
-    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), "sigkill")
+    before = _job_temp_folders()
+    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "sigkill")
     job.wait_for_log(READY)
-    assert _kill_processes(job.marker, "verl.trainer.main_ppo"), "no trainer process found"
+    assert _kill_processes(job.marker, STAND_IN), "no trainer process found"
     assert job.finish() == 137, job.console()
     assert job.lines[-2].startswith("main_ppo was killed by SIGKILL after "), job.console()
     assert "(exit status 137)" in job.lines[-2]
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
-    assert job.left_behind() == []
+    assert job.left_behind() == []  # the killed trainer's child too: the runner stops the whole group
+    assert _job_temp_folders() <= before
 
 
 def test_a_policy_server_killed_while_training_ends_the_job_naming_its_url(tmp_path, plugin_yaml):

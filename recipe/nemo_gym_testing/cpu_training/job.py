@@ -88,6 +88,8 @@ class JobSpec:
     head_port: int | None = None
     """NeMo Gym's head server port; None picks a free one, so the job never collides with another on 11000."""
     extra_overrides: Sequence[str] = ()
+    trainer_module: str = "verl.trainer.main_ppo"
+    """What `python -m` runs. Only the tests of the runner's own semantics change it (`stand_in_trainer.py`)."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -208,7 +210,7 @@ def main_ppo_command(spec: JobSpec, temp_dir: Path | None = None) -> tuple[list[
     becomes the `TMPDIR` of all its processes."""
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     agent_loop_config = _agent_loop_config_with_logs(spec)
-    argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    argv = [sys.executable, "-m", spec.trainer_module]
     argv += plugin_overrides(spec, agent_loop_config) + cpu_overrides() + list(spec.extra_overrides)
     argv.append(f"hydra.run.dir={spec.out_dir / 'hydra'}")
     env = dict(os.environ)

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A process that behaves, for the job runner, like verl's `main_ppo`: for testing the runner's own semantics.
+
+What the job runner (`job.py`) does with a trainer is independent of what the trainer computes: it holds the output
+folder, forwards SIGINT and SIGTERM, kills the process group after a grace period, waits for the whole group, cleans
+the run's temporary folder and reports the exit status and the last lines. Testing that against a full `main_ppo`
+costs minutes a test; this stand-in costs a second. Run as `JobSpec(trainer_module=<this module>)`, it:
+
+- takes the same command line as `main_ppo` (Hydra overrides, ignored);
+- starts a child in its own process group, as Ray's workers are (the runner must wait for it; like a Ray worker, it
+  ends once the trainer has);
+- writes a file into its `TMPDIR` (the runner removes the folder), then prints the line the NeMo Gym manager prints
+  when training is next (`NeMo Gym <version> ready in <n> s: agents [...]`);
+- waits until signalled. On SIGINT it stops as verl's driver does, by Python's KeyboardInterrupt (a traceback in its
+  output, exit status 1) after stopping its child; SIGKILL kills it outright.
+
+The faults of the plugin itself (a Gym server or the policy server killed, bad rows) are still injected into a real
+`main_ppo` (tests/cpu/test_job_failures.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+# Like a Ray worker whose driver is gone: it ends once its parent has (it is then reparented), within a second.
+_CHILD = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.2)\n"
+
+
+def main() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD])
+    with open(os.path.join(tempfile.gettempdir(), "stand_in_trainer.txt"), "w") as f:
+        f.write("a file of the run's own\n")
+    print("NeMo Gym 0.7.0 ready in 1 s: agents ['stand_in_simple_agent']; policy stand-in", flush=True)
+    try:
+        while True:
+            time.sleep(0.1)
+    finally:
+        child.terminate()
+        child.wait()
+
+
+if __name__ == "__main__":
+    main()
