@@ -37,8 +37,9 @@ import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
 # Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
-# slurm 426, attach 241, attach_training 152, job_failures (six small jobs) about 900, manager_exit 295,
-# end_to_end 205, more_environments ~150: about 62 minutes, against about 30 on the other worker.
+# slurm 426, attach 241, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a
+# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150: about 62 minutes, against about 30 on
+# the other worker.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_load.py",
