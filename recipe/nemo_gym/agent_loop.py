@@ -306,16 +306,6 @@ class NeMoGymAgentLoopManager:
             uid=np.asarray(uids, dtype=object)[:n_real] if uids is not None and not validate else None,
         )
         self.last_stats = stats
-        retried = int((stats.attempts > 1).sum())
-        if retried:
-            logger.warning(
-                "NeMo Gym: %d of %d episodes were retried (failures.retries %d); %d recovered, %d failed again",
-                retried,
-                n_real,
-                failure_settings.retries,
-                int(((stats.attempts > 1) & ~stats.failed).sum()),
-                int(((stats.attempts > 1) & stats.failed).sum()),
-            )
         timing = {
             f"{METRICS_PREFIX}rollout_wait": t_collected - t_start,
             f"{METRICS_PREFIX}packing": t_packed - t_collected,
@@ -323,6 +313,16 @@ class NeMoGymAgentLoopManager:
         }
         min_valid = failure_settings.min_valid_per_group if self.adv_estimator in FAILURE_AWARE else None
         timing.update(environment_metrics(stats, min_valid_per_group=min_valid))
+        retried, recovered = timing[f"{METRICS_PREFIX}all/retried"], timing[f"{METRICS_PREFIX}all/recovered"]
+        if retried:
+            logger.warning(
+                "NeMo Gym: %d of %d episodes were retried (failures.retries %d); %d recovered, %d failed again",
+                retried,
+                n_real,
+                failure_settings.retries,
+                recovered,
+                retried - recovered,
+            )
         output = packed.data
         if validate:
             # verl's _validate reads no timing: per-episode fields it aggregates per data_source carry failures.

@@ -11,8 +11,8 @@ rollout output is `rm_scores` and, through `extract_reward`, each non-tensor nam
 `meta_info["reward_extra_keys"]`, which `process_validation_metrics` averages per `data_source` (and per prompt
 over `val_kwargs.n` samples) into `val-aux/<data_source>/<key>/mean@N` (plus `std@N`, `best@N`, `worst@N` when
 N > 1); string values are skipped there but written to the validation dumps (`trainer.validation_data_dir`).
-`validation_extra_info` gives those per-episode fields, so a masked validation episode, which counts as reward 0
-in `val-core`, is visible as `val-aux/<env>/nemo_gym/failed/mean@N`.
+`validation_extra_info` gives those per-episode fields, so a masked validation episode is left out of the
+environment's score (`acc`, below) and visible as `val-aux/<env>/nemo_gym/failed/mean@N`.
 
 Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause>`, `retried` (episodes run more
 than once), `recovered` (retried and then packed), `truncated`, `truncated_rate`, `stopped_on_length`, and

@@ -128,6 +128,9 @@ class BatchPacker:
         self.causes = np.full(B, "", dtype=object)
         self.sources = np.empty(B, dtype=object)
         self._filled = np.zeros(B, dtype=bool)
+        # Attended lengths per row, for verl's step metrics (`finish`); a failed row's response counts as 0.
+        self._prompt_lengths = np.zeros(B, dtype=np.float32)
+        self._response_lengths = np.zeros(B, dtype=np.float32)
 
     def prefault(self) -> None:
         """Map every page of the batch tensors now, so that `add` writes into memory that is already mapped.
@@ -193,6 +196,7 @@ class BatchPacker:
         if isinstance(outcome, Episode):
             kept = min(outcome.response_length, R)
             start, stop = P - outcome.prompt_length, P + kept  # the attended columns
+            self._response_lengths[row] = kept
             tokens = outcome.token_ids[: stop - start]
             self.response_mask[row, :kept] = outcome.response_mask[:kept]
             self.log_probs[row, :kept] = outcome.response_log_probs[:kept]
@@ -215,6 +219,7 @@ class BatchPacker:
             tokens = [*prompt, self.pad_token_id]
             self.causes[row] = outcome.cause.value
 
+        self._prompt_lengths[row] = P - start
         pad = self.pad_token_id
         ids, mask, positions = self.input_ids[row], self.attention_mask[row], self.position_ids[row]
         ids[:start] = pad
@@ -238,8 +243,7 @@ class BatchPacker:
             raise ValueError(
                 f"{len(missing)} of {self.batch_size} rows were never packed (first: {missing[:10].tolist()})"
             )
-        B, P = self.batch_size, self.prompt_length
-        failed = self.causes != ""
+        B = self.batch_size
         batch = TensorDict(
             {
                 "prompts": torch.from_numpy(self.prompts),
@@ -253,10 +257,8 @@ class BatchPacker:
                 # Read by verl's step metrics in place of lengths from `attention_mask` (`_compute_response_info`,
                 # verl 0.9.1): a failed row's response length 0 makes verl count it as aborted, outside
                 # `critic/score/*` and `critic/rewards/*` (module docstring). Float: verl takes their mean.
-                "prompt_length": torch.from_numpy(self.attention_mask[:, :P].sum(axis=1).astype(np.float32)),
-                "response_length": torch.from_numpy(
-                    np.where(failed, 0, self.attention_mask[:, P:].sum(axis=1)).astype(np.float32)
-                ),
+                "prompt_length": torch.from_numpy(self._prompt_lengths),
+                "response_length": torch.from_numpy(self._response_lengths),
             },
             batch_size=B,
         )
