@@ -31,7 +31,8 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
 test reads it). Without `--policy-address` the policy (a local Ray and verl's rollout in it) is started and
-stopped here; with it, `--ray-address` names the Ray to join (the load test shares one policy server).
+stopped here; with it, `--ray-address` names the Ray to join (the load test uses the suite's shared verl vLLM
+server), and every row names the `--env`'s script for the engine (`cpu_training/shared_engine.py`).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_load.py [--episodes 512] [--nofile 1024]
 """
@@ -338,6 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.gym.seams import nemo_gym_install_root
     from recipe.nemo_gym_testing.cpu_policy import harness
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
     from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     report: dict[str, Any] = {
@@ -365,6 +367,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for row in failing:
             row["responses_create_params"]["input"][-1]["content"] += f" FAIL_RATE_{args.transient_failure_pct}"
         rows += failing
+    if args.policy_address is not None:
+        # A running verl vLLM server (the suite's shared engine) plays the script each request names.
+        script = policy_for(args.env).to_file(tmp / "script.json")
+        rows = [scripted_row(row, script) for row in rows]
     data = harness.write_jsonl(rows, tmp / "rows.jsonl")
     config_path = plugin_yaml(
         tmp / "plugin.yaml",

@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,22 +39,26 @@ import pytest
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
 # Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
 # slurm 426, attach 241, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a
-# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150: about 62 minutes, against about 30 on
-# the other worker.
+# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150. The last four share one verl vLLM
+# server (the `shared_engine` fixture, about 150 s to start), so they come last, together: the engine lives only
+# while they run, never beside a trainer of this worker.
 HEAVY_MODULES = (
     "test_main_ppo.py",
-    "test_load.py",
     "test_slurm.py",
     "test_attach.py",
     "test_attach_training.py",
     "test_job_failures.py",
-    # Stacks of NeMo Gym beside verl's vLLM server or a policy server: beside a trainer they passed Ray's limit too
-    # (2026-11-26: test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
+    # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
+    # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
     "test_end_to_end.py",
     "test_more_environments.py",
+    "test_load.py",
 )
 HEAVY_GROUP = "heavy"
+# The modules that run a training job (verl's main_ppo, a submit script, the job runner): the e2e tier of the cost
+# report (`recipe/nemo_gym_testing/suite_cost.py`).
+E2E_MODULES = frozenset({"test_main_ppo.py", "test_slurm.py", "test_attach_training.py", "test_job_failures.py"})
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
 # with the most processes last. Measured: reliability 225 s, gym_runtime 120, multiturn_http 137, server_patch 89,
 # template_matrix 61, cpu_policy_server 49, example_environment 38.
@@ -79,6 +84,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _SYSTEM_TEMP = pytest.StashKey[Path]()
+_COST = pytest.StashKey[dict]()
 _SUITE_TEMP = pytest.StashKey[Path]()
 _BEFORE = pytest.StashKey[set[str]]()
 SHM = Path("/dev/shm")
@@ -92,9 +98,11 @@ def _entries(system_temp: Path) -> set[str]:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller set this up and checks at the end
         return
+    _CONFIG[:] = [config]
     system_temp = Path(tempfile.gettempdir())
     # pytest's own folders stay in the system's temporary folder (they outlive the session on purpose).
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(system_temp))
+    config.stash[_COST] = {"started": time.monotonic(), "modules": {}}
     config.stash[_BEFORE] = _entries(system_temp)
     config.stash[_SYSTEM_TEMP] = system_temp
     suite_temp = Path(tempfile.mkdtemp(prefix="ngsuite-", dir=system_temp))
@@ -107,10 +115,45 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test phase's duration, summed per module (in the controller: xdist hands it every worker's reports)."""
+    from recipe.nemo_gym_testing.suite_cost import ModuleCost, tier_of
+
+    cost = _controller_cost()
+    if cost is None:
+        return
+    module = report.nodeid.split("::", 1)[0]
+    tier = tier_of(module, integration="integration" in report.keywords, e2e_modules=E2E_MODULES)
+    entry = cost["modules"].setdefault(module, ModuleCost(tier))
+    entry.seconds += report.duration
+    entry.tests += report.when == "call" or (report.when == "setup" and report.skipped)
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def _controller_cost() -> dict | None:
+    config = _CONFIG[0] if _CONFIG else None
+    return None if config is None or _COST not in config.stash else config.stash[_COST]
+
+
+def _write_cost(config: pytest.Config) -> None:
+    """The run's cost into `$NG_SUITE_COST_DIR/<label>.json`, which `./run_tests.sh` reports at its end."""
+    from recipe.nemo_gym_testing.suite_cost import RunCost
+
+    folder = os.environ.get("NG_SUITE_COST_DIR")
+    if not folder:
+        return
+    cost = config.stash[_COST]
+    label = os.environ.get("NG_SUITE_COST_LABEL", "pytest")
+    RunCost(label, time.monotonic() - cost["started"], cost["modules"]).write(Path(folder))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput") or _SUITE_TEMP not in config.stash:
         return
+    _write_cost(config)
     system_temp, suite_temp = config.stash[_SYSTEM_TEMP], config.stash[_SUITE_TEMP]
     runs_left = sorted(str(p) for p in suite_temp.glob("ngjob-*"))
     shutil.rmtree(suite_temp, ignore_errors=True)
@@ -191,6 +234,21 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory):
+    """verl's vLLM rollout (standalone, vLLM's CPU build, splice patch armed) shared by the session's modules that
+    only send it requests: each request names its scripted policy (`cpu_training/shared_engine.py`). It runs in a
+    process of its own with its own Ray, started on first use and stopped at the end of the session (of the
+    pytest-xdist worker). A module that kills or reconfigures its engine starts its own. Yields an `EngineInfo`."""
+    from recipe.nemo_gym_testing.cpu_training.shared_engine import SharedEngine
+
+    engine = SharedEngine(tmp_path_factory.mktemp("shared-engine"))
+    try:
+        yield engine.info()
+    finally:
+        engine.stop()
 
 
 @pytest.fixture

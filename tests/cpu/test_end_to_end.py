@@ -5,8 +5,9 @@ Path under test (nothing replaced; vLLM is its CPU build):
 NeMoGymJSONLDataset rows -> verl's collate and the trainer's batch preparation -> `NeMoGymAgentLoopManager.create`
 with verl's real `LLMServerClient` and load balancer -> NeMo Gym's `workplace_assistant` and `math_with_judge`
 servers from the installed wheel (one blend) -> NeMo Gym's training model server -> verl's vLLM rollout (standalone
-`vLLMHttpServer` actor, vLLM's engine, splice patch armed through `VERL_USE_EXTERNAL_MODULES`) playing a scripted
-tool-using policy in a one-token-per-character split, forced inside the engine (log-probs are the model's own) ->
+`vLLMHttpServer` actor, vLLM's engine, splice patch armed through `VERL_USE_EXTERNAL_MODULES`; the suite's shared
+engine, `shared_engine.py`, each row naming its script) playing a scripted tool-using policy in a
+one-token-per-character split, forced inside the engine (log-probs are the model's own) ->
 the packed DataProto -> verl's GRPO advantage and vanilla policy loss.
 """
 
@@ -35,7 +36,7 @@ N = 2
 
 
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory):
+def stacks(tmp_path_factory, shared_engine):
     """The module's stacks, one live at a time: the shutdown test takes one no other test uses after it."""
 
     @contextlib.contextmanager
@@ -47,7 +48,9 @@ def stacks(tmp_path_factory):
         overrides = harness.cpu_trainer_overrides(
             model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
         )
-        with harness.manager_stack(model_dir, overrides, data, example_episodes_policy()) as stack:
+        with harness.manager_stack(
+            model_dir, overrides, data, example_episodes_policy(), engine=shared_engine
+        ) as stack:
             yield {**stack, "rows": rows}
 
     with SharedStack(start) as holder:

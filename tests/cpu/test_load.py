@@ -5,9 +5,9 @@ and no NeMo Gym or policy-server process left after the trainer fails.
 - The limits formula (`recipe/nemo_gym/limits.py`) is checked with exact values.
 - Load: `benchmarks/bench_load.py` runs in a child process (so its RLIMIT_NOFILE can be lowered before anything
   starts): the real manager (`NeMoGymAgentLoopManager.create`, verl's `LLMServerClient`), NeMo Gym's real
-  tool-calling example servers, and verl's own vLLM server (standalone rollout on vLLM's CPU build, the weather
-  episode scripted inside the engine) shared by the module's tests. The child reports what it measured with
-  psutil; the test reads that report and the servers' own logs.
+  tool-calling example servers, and verl's own vLLM server (the suite's shared engine: standalone rollout on
+  vLLM's CPU build, the weather episode scripted inside the engine, named by each row). The child reports what it
+  measured with psutil; the test reads that report and the servers' own logs.
 - Shutdown: a child creates the manager over that server and then raises, as a trainer step would, or is sent
   SIGTERM; the test finds every process by the process list (psutil), not by the child's word. (The vLLM server's
   own lifetime is verl's: `test_main_ppo` checks that nothing of the engine outlives a `main_ppo` run.)
@@ -37,9 +37,6 @@ from recipe.nemo_gym.limits import (
     derive_connection_limits,
     server_soft_limit,
 )
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 from recipe.nemo_gym_testing.helpers import alive, free_port, nemo_gym_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,8 +114,8 @@ def _load_bench():
 bench = _load_bench()
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(policy: Policy) -> dict[str, str]:
+    env = {**os.environ, **policy.ray_env}  # the children join the policy's Ray
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -129,25 +126,15 @@ class Policy:
     pid: int  # its `vLLMHttpServer` actor's process
     log_path: Path  # that actor's stderr in Ray's logs
     ray_address: str  # the local Ray it runs in, which the children join
+    ray_env: dict[str, str]  # what a process joining that Ray needs in its environment
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-    """verl's vLLM server (one standalone replica on vLLM's CPU build) playing the weather episode."""
-    import ray
-
-    model_dir = tiny_qwen3_dir()
-    script = bench.policy_for("weather").to_file(tmp_path_factory.mktemp("policy") / "script.json")
-    overrides = harness.cpu_trainer_overrides(
-        model_dir, "/unused.yaml", prompt_length=1024, response_length=256, n=1, batch_size=1
-    )
-    config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True), *bench.POLICY_OVERRIDES])
-    ray_address = init_local_ray()
-    try:
-        with verl_rollout(config, script_file=script) as rollout:
-            yield Policy(rollout.addresses[0], rollout.server_pid(), rollout.server_log(), ray_address)
-    finally:
-        ray.shutdown()
+def policy(shared_engine):
+    """verl's vLLM server: the suite's shared engine (one standalone replica on vLLM's CPU build, 256 sequences in
+    its batch); every row of the load names the weather episode's script."""
+    engine = shared_engine
+    return Policy(engine.address, engine.server_pid, Path(engine.server_log), engine.ray_address, engine.ray_env)
 
 
 def _run_load(tmp: Path, policy: Policy, nofile: int | None) -> dict:
@@ -158,7 +145,7 @@ def _run_load(tmp: Path, policy: Policy, nofile: int | None) -> dict:
     if nofile is not None:
         cmd += ["--nofile", str(nofile)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(), capture_output=True, text=True, timeout=840)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(policy), capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, f"bench_load failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     print(f"\n[bench_load nofile={nofile}, {time.monotonic() - t0:.0f} s in all]\n" + proc.stdout[-3000:])
     return json.loads(out.read_text())
@@ -258,7 +245,7 @@ def _start_trainer(tmp: Path, policy: Policy):
     child = psutil.Popen(
         [sys.executable, "-c", CHILD, str(tmp), policy.ray_address, policy.address],
         cwd=REPO_ROOT,
-        env=_child_env(),
+        env=_child_env(policy),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -29,7 +29,7 @@ import pytest
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
+from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
 from recipe.nemo_gym_testing.helpers import alive, free_port, math_row, nemo_gym_processes
 
 CHILD = r"""
@@ -91,26 +91,15 @@ PROBLEM_WORDS = ("Traceback", "Error", "Exception")
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-    """verl's vLLM server (standalone rollout on vLLM's CPU build) answering every math row with 4, in this process's
-    Ray; the children reach it by address (verl's `LLMServerClient` in the child lists it)."""
-    import ray
-
-    model_dir = tiny_qwen3_dir()
+def policy(tmp_path_factory, shared_engine):
+    """verl's vLLM server (the suite's shared engine: standalone rollout on vLLM's CPU build) and the script that
+    answers every math row with 4 (each row names it); the children reach the server by address (verl's
+    `LLMServerClient` in the child lists it)."""
     script = ScriptedPolicy(
         rules=[ScriptRule(name="answer 4", completion=ScriptCompletion(text="The answer is \\boxed{4}.", split="char"))]
     )
     script_file = script.to_file(tmp_path_factory.mktemp("policy") / "script.json")
-    overrides = harness.cpu_trainer_overrides(
-        model_dir, "/unused.yaml", prompt_length=1024, response_length=64, n=1, batch_size=2
-    )
-    config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True)])
-    init_local_ray()
-    try:
-        with verl_rollout(config, script_file=script_file) as rollout:
-            yield model_dir, rollout.addresses[0]
-    finally:
-        ray.shutdown()
+    return tiny_qwen3_dir(), shared_engine.address, script_file
 
 
 @dataclass(frozen=True)
@@ -125,7 +114,7 @@ class ChildRun:
 def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
     """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
     process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
-    model_dir, address = policy
+    model_dir, address, script_file = policy
     port = free_port()
     logs = f"  log_dir: {tmp_path / 'gym_logs'}\n" if log_dir else ""
     (tmp_path / "plugin.yaml").write_text(
@@ -138,7 +127,7 @@ nemo_gym:
 {logs}timeouts: {{startup_s: 600, batch_s: 300}}
 """
     )
-    rows = [math_row(q) for q in ("What is 2+2?", "What is 3+1?")]
+    rows = [scripted_row(math_row(q), script_file) for q in ("What is 2+2?", "What is 3+1?")]
     harness.write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box

@@ -3,7 +3,8 @@
 
 Path under test (nothing replaced; vLLM is its CPU build): the environments' own example rows from Gym's
 environment (`.venv-gym`: Gym 0.7) -> the plugin's dataset -> the real manager over verl's vLLM rollout (standalone,
-splice patch armed) playing a scripted policy one token per character -> Gym's `example_single_tool_call` (a real
+splice patch armed; the suite's shared engine, each row naming its script) playing a scripted policy one token
+per character -> Gym's `example_single_tool_call` (a real
 `get_weather` tool call between two model calls) and `blackjack` (Gym's `gymnasium_agent`: hit, then stand; the
 game deals its own cards) -> the packed DataProto.
 """
@@ -44,14 +45,15 @@ def example_rows() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def episodes(tmp_path_factory):
+def episodes(tmp_path_factory, shared_engine):
     tmp = tmp_path_factory.mktemp("more_envs")
     rows = example_rows()
     data = harness.write_jsonl(rows, tmp / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         tiny_qwen3_dir(), CONFIG, prompt_length=2048, response_length=512, n=N, batch_size=len(rows)
     )
-    with harness.manager_stack(tiny_qwen3_dir(), overrides, data, tools_and_games_policy()) as stack:
+    policy = tools_and_games_policy()
+    with harness.manager_stack(tiny_qwen3_dir(), overrides, data, policy, engine=shared_engine) as stack:
         _, batch = harness.trainer_batches(stack["dataset"], range(len(rows)), stack["config"])
         output = stack["manager"].generate_sequences(batch)
         yield rows, output, list(stack["manager"].last_results), stack["manager"]._runtime.version  # noqa: SLF001

@@ -7,6 +7,9 @@ vLLM's own `BatchUpdate` records drive it, and `apply` runs on a logits tensor o
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +21,7 @@ from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, Scripted
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
 from recipe.nemo_gym_testing.cpu_training.scripted_logits import ScriptedLogitsProcessor
+from recipe.nemo_gym_testing.cpu_training.shared_engine import SCRIPT_XARG, script_body, scripted_row
 
 VOCAB = 151669
 EOS = 151645
@@ -80,3 +84,55 @@ def test_rows_follow_their_requests_when_vllm_swaps_moves_and_removes_them(proce
     assert _forced(processor, 1) == [first]
     processor.update_state(_update(removed=[0], size=0))
     assert _forced(processor, 1) == [None]
+
+
+def _policy(name: str, pattern: str, text: str) -> ScriptedPolicy:
+    return ScriptedPolicy(
+        rules=[ScriptRule(name=name, when=ScriptMatch(prompt_regex=pattern), completion=ScriptCompletion(text=text))]
+    )
+
+
+def test_a_request_plays_the_script_its_extra_args_name_over_the_engine_wide_one(processor, tokenizer, tmp_path):
+    own = _policy("bye", "say", "Bye!").to_file(tmp_path / "own.json")
+    named = SamplingParams(extra_args={SCRIPT_XARG: str(own)})
+    processor.update_state(
+        _update(
+            added=[(0, named, tokenizer.encode("say hi"), []), (1, SamplingParams(), tokenizer.encode("say hi"), [])]
+        )
+    )
+    bye, hi = (tokenizer.encode(text, add_special_tokens=False)[0] for text in ("Bye!", "Hi!"))
+    assert _forced(processor, 2) == [bye, hi]
+
+
+def test_without_an_engine_wide_script_only_requests_that_name_one_are_scripted(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delenv(SCRIPT_ENV, raising=False)
+    config = SimpleNamespace(model_config=SimpleNamespace(tokenizer=str(tiny_qwen3_dir())))
+    processor = ScriptedLogitsProcessor(config, torch.device("cpu"), False)
+    script = tmp_path / "script.json"
+    _policy("a", "say", "Alpha").to_file(script)
+    named = SamplingParams(extra_args={SCRIPT_XARG: str(script)})
+    prompt = tokenizer.encode("say hi")
+    processor.update_state(_update(added=[(0, named, prompt, []), (1, SamplingParams(), prompt, [])]))
+    alpha = tokenizer.encode("Alpha", add_special_tokens=False)[0]
+    assert _forced(processor, 2) == [alpha, None]
+    # A new version of the same file is read again (modules reuse a path with a new script).
+    _policy("b", "say", "Beta, longer").to_file(script)
+    os.utime(script, ns=(time.time_ns() + 10**9,) * 2)
+    processor.update_state(_update(added=[(1, named, prompt, [])], removed=[1]))
+    beta = tokenizer.encode("Beta, longer", add_special_tokens=False)[0]
+    assert _forced(processor, 2) == [alpha, beta]
+
+
+def test_scripted_row_names_the_script_in_every_model_call_and_keeps_the_rows_extra_body(tmp_path):
+    row = {
+        "responses_create_params": {"input": [], "metadata": {"extra_body": json.dumps({"top_k": 5}), "k": "v"}},
+        "agent_ref": {"name": "a"},
+    }
+    out = scripted_row(row, tmp_path / "s.json")
+    assert json.loads(out["responses_create_params"]["metadata"]["extra_body"]) == {
+        "top_k": 5,
+        "vllm_xargs": {SCRIPT_XARG: str(tmp_path / "s.json")},
+    }
+    assert out["responses_create_params"]["metadata"]["k"] == "v"
+    assert row["responses_create_params"]["metadata"]["extra_body"] == json.dumps({"top_k": 5})  # not modified
+    assert script_body(tmp_path / "s.json") == {"vllm_xargs": {SCRIPT_XARG: str(tmp_path / "s.json")}}

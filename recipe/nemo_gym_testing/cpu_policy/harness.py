@@ -22,6 +22,7 @@ import importlib.util
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,18 @@ def manager_over(config, llm_client):
         manager.shutdown()
 
 
+@dataclass(frozen=True)
+class SharedRollout:
+    """The manager's view of a shared engine (`shared_engine.py`): verl's client and the servers' addresses."""
+
+    llm_client: Any
+    addresses: list[str]
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [f"http://{address}/v1" for address in self.addresses]
+
+
 @contextlib.contextmanager
 def manager_stack(
     model_dir: Path,
@@ -116,6 +129,7 @@ def manager_stack(
     *,
     replicas: int = 1,
     server_env: dict[str, str] | None = None,
+    engine=None,
 ):
     """The stack the manager's integration tests drive: verl's config composed from `overrides` plus the CPU
     backend's, the plugin's dataset over `data_file`, verl's own vLLM rollout on `model_dir` (standalone: vLLM's CPU
@@ -123,26 +137,37 @@ def manager_stack(
     `ScriptedPolicy`, or None for the model's own samples), and the real manager over verl's client. Starts a local
     Ray with the CPU backend's environment unless one is connected (then it must have been started by
     `standalone.init_local_ray`). `server_env`: more environment for verl's server actors. Yields `{"config", "dataset",
-    "manager", "rollout"}`; all stopped on exit."""
+    "manager", "rollout"}`; all stopped on exit.
+
+    `engine` (a `shared_engine.EngineInfo`): use that running engine instead of starting one. Each row of
+    `data_file` then names the script (`shared_engine.scripted_row`), and the manager gets verl's client over a
+    load balancer listing that engine's address; `rollout` is then a `SharedRollout` (addresses only)."""
     import tempfile
 
     import ray
 
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
     from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     config = compose_verl_config([*overrides, *standalone_overrides(replicas=replicas, scripted=script is not None)])
-    dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
     started_ray = not ray.is_initialized()
     if started_ray:
         init_local_ray(gpus=replicas)
     try:
         with contextlib.ExitStack() as stack:
-            script_file = None
-            if script is not None:
-                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="scripted-policy-"))
-                script_file = script.to_file(Path(folder) / "script.json")
-            rollout = stack.enter_context(verl_rollout(config, script_file=script_file, env=server_env))
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="scripted-policy-")))
+            script_file = None if script is None else script.to_file(folder / "script.json")
+            if engine is None:
+                rollout = stack.enter_context(verl_rollout(config, script_file=script_file, env=server_env))
+            else:
+                if script_file is not None:
+                    rows = [json.loads(line) for line in Path(data_file).read_text().splitlines() if line.strip()]
+                    data_file = write_jsonl([scripted_row(row, script_file) for row in rows], folder / data_file.name)
+                rollout = SharedRollout(verl_llm_client(config, [engine.address]), [engine.address])
+            dataset = NeMoGymJSONLDataset(
+                data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data
+            )
             manager = stack.enter_context(manager_over(config, rollout.llm_client))
             yield {"config": config, "dataset": dataset, "manager": manager, "rollout": rollout}
     finally:

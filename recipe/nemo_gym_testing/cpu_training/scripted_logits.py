@@ -17,10 +17,12 @@ request scripted checks the outcomes instead).
 A completion that ends with `"length"` is forced up to its last token, then the model continues until the
 request's `max_tokens`. Explicit `logprobs` in a script are ignored: the engine reports the model's.
 
-Configured by the CPU job runner (`job.py`) through verl's public rollout config:
-`+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=[<this class>]` and the script's path in
-`SCRIPT_ENV`, which every process of the job inherits. Checked against vLLM 0.24.0's `LogitsProcessor` interface
-(`vllm/v1/sample/logits_processor/interface.py`).
+Configured through verl's public rollout config: `+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=
+[<this class>]`. Which script a request plays: the file named by its `SamplingParams.extra_args[SCRIPT_XARG]`
+(a request's `vllm_xargs`; `shared_engine.py`: one engine plays many modules' scripts), else the engine-wide file
+in `SCRIPT_ENV` (the CPU job runner's, `job.py`, which every process of the job inherits), else none. Scripts are
+read once per file version (path, modification time, size). Checked against vLLM 0.24.0's `LogitsProcessor`
+interface (`vllm/v1/sample/logits_processor/interface.py`) and `ChatCompletionRequest.vllm_xargs`.
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptedPolicy, choose_rule, scripted_output
-from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
+from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
+from recipe.nemo_gym_testing.cpu_training.shared_engine import SCRIPT_XARG
 
 
 class ScriptedLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         from transformers import AutoTokenizer
 
-        path = os.environ.get(SCRIPT_ENV)
-        if not path:
-            raise RuntimeError(f"{SCRIPTED_PROCESSOR} is configured but {SCRIPT_ENV} names no script file")
-        self._policy = ScriptedPolicy.from_file(path)
+        self._default_file = os.environ.get(SCRIPT_ENV) or None
+        self._policies: dict[str, tuple[tuple[int, int], ScriptedPolicy]] = {}
+        if self._default_file is not None:
+            self._policy(self._default_file)  # a bad engine-wide script fails the engine's start
         self._tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
         self._added_vocab = self._tokenizer.get_added_vocab()
         # batch row -> (the scripted token IDs, the request's live list of generated IDs)
@@ -50,9 +53,21 @@ class ScriptedLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False  # it changes what greedy decoding picks
 
-    def scripted_ids(self, prompt_ids: list[int]) -> list[int] | None:
-        """The token IDs the script generates after `prompt_ids`, or None when no rule matches."""
-        rule = choose_rule(self._policy, self._tokenizer.decode(prompt_ids, skip_special_tokens=False))
+    def _policy(self, path: str) -> ScriptedPolicy:
+        stat = os.stat(path)
+        version = (stat.st_mtime_ns, stat.st_size)
+        cached = self._policies.get(path)
+        if cached is None or cached[0] != version:
+            cached = self._policies[path] = (version, ScriptedPolicy.from_file(path))
+        return cached[1]
+
+    def scripted_ids(self, prompt_ids: list[int], script_file: str | None = None) -> list[int] | None:
+        """The token IDs that the script in `script_file` (default: the engine-wide one) generates after
+        `prompt_ids`, or None when there is no script or no rule matches."""
+        script_file = script_file or self._default_file
+        if script_file is None:
+            return None
+        rule = choose_rule(self._policy(script_file), self._tokenizer.decode(prompt_ids, skip_special_tokens=False))
         if rule is None:
             return None
         output = scripted_output(
@@ -70,8 +85,9 @@ class ScriptedLogitsProcessor(LogitsProcessor):
         # vLLM's order: removed, added, moved; an added or moved request may replace a row.
         for index in batch_update.removed:
             self._rows.pop(index, None)
-        for index, _params, prompt_ids, output_ids in batch_update.added:
-            planned = self.scripted_ids(list(prompt_ids or []))
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            extra_args = getattr(params, "extra_args", None) or {}
+            planned = self.scripted_ids(list(prompt_ids or []), extra_args.get(SCRIPT_XARG))
             if planned is None:
                 self._rows.pop(index, None)
             else:

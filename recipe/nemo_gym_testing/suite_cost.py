@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the test suite costs, measured by the suite itself: time per tier and per module, and peak memory.
+
+`./run_tests.sh` sets `NG_SUITE_COST_DIR` (a folder under `outputs/`) and:
+- starts `python -m recipe.nemo_gym_testing.suite_cost sample DIR` beside its pytest runs. It reads the machine's
+  memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
+  `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the largest processes at that moment;
+- each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module, its
+  tier, its tests and the seconds its tests took (setup, call and teardown summed: a module's time on its worker);
+- `python -m recipe.nemo_gym_testing.suite_cost report DIR` prints the summary (`format_report`, pure).
+
+Tiers, by what a module needs (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the job runner);
+`integration` starts a server, a stack, Ray or vLLM; `unit` runs pure code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SAMPLE_S = 1.0
+GIB = 2**30
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TIERS = ("unit", "integration", "e2e")
+
+
+def tier_of(module: str, *, integration: bool, e2e_modules: frozenset[str]) -> str:
+    if Path(module).name in e2e_modules:
+        return "e2e"
+    return "integration" if integration else "unit"
+
+
+@dataclass
+class ModuleCost:
+    tier: str
+    tests: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class RunCost:
+    """One pytest run: its label, its wall time, and what each of its modules took."""
+
+    label: str
+    wall_s: float
+    modules: dict[str, ModuleCost] = field(default_factory=dict)
+
+    def write(self, folder: Path) -> Path:
+        path = folder / f"{self.label}.json"
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> RunCost:
+        raw = json.loads(path.read_text())
+        return cls(raw["label"], raw["wall_s"], {k: ModuleCost(**v) for k, v in raw["modules"].items()})
+
+
+def memory_in_use(meminfo: str) -> int:
+    """Bytes in use on the machine, from the text of /proc/meminfo."""
+    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo.splitlines() if ":" in line}
+    return fields["MemTotal"] - fields["MemAvailable"]
+
+
+def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10) -> str:
+    """The summary `./run_tests.sh` prints at its end."""
+    lines = ["", "=" * 30 + " what the suite cost " + "=" * 30]
+    lines += [f"run {run.label}: {run.wall_s / 60:.1f} min wall, {sum(m.tests for m in run.modules.values())} tests"
+              for run in runs]  # fmt: skip
+    lines.append(f"total wall: {sum(run.wall_s for run in runs) / 60:.1f} min")
+    lines.append("per tier (test time summed over its modules, on whichever worker ran them):")
+    for tier in TIERS:
+        costs = [m for run in runs for m in run.modules.values() if m.tier == tier]
+        if costs:
+            lines.append(f"  {tier:<12} {len(costs):>3} modules {sum(m.tests for m in costs):>4} tests "
+                         f"{sum(m.seconds for m in costs) / 60:6.1f} min")  # fmt: skip
+    ranked = sorted(
+        ((m.seconds, f"{run.label}: {name}") for run in runs for name, m in run.modules.items()), reverse=True
+    )
+    lines.append(f"the {min(slowest, len(ranked))} slowest modules:")
+    lines += [f"  {seconds:7.1f} s  {name}" for seconds, name in ranked[:slowest]]
+    if memory:
+        lines.append(
+            f"peak memory in use: {memory['peak_bytes'] / GIB:.1f} GiB of {memory['total_bytes'] / GIB:.1f} GiB "
+            f"(machine-wide, sampled every {memory['sample_s']:g} s; {memory['start_bytes'] / GIB:.1f} GiB at start)"
+        )
+        lines += [f"  {line}" for line in memory.get("largest_processes", [])]
+    else:
+        lines.append("peak memory: not sampled")
+    return "\n".join(lines)
+
+
+def largest_processes(count: int = 8) -> list[str]:
+    """The `count` processes with the most resident memory: "<GiB> GiB pid <pid>: <command line>"."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            rss = int((proc / "statm").read_text().split()[1]) * PAGE
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue  # it ended while being read
+        found.append((rss, f"{rss / GIB:.2f} GiB pid {proc.name}: {command[:160]}"))
+    return [line for _, line in sorted(found, reverse=True)[:count]]
+
+
+def sample(folder: Path) -> None:
+    """Sample memory in use until SIGTERM; keep the peak in `folder/memory.json` (replaced whole each time)."""
+    running = True
+
+    def stop(*_: object) -> None:
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    meminfo = Path("/proc/meminfo")
+    text = meminfo.read_text()
+    total = int(next(line for line in text.splitlines() if line.startswith("MemTotal")).split()[1]) * 1024
+    start = peak = memory_in_use(text)
+    out, partial = folder / "memory.json", folder / "memory.json.partial"
+    while True:
+        used = memory_in_use(meminfo.read_text())
+        if used >= peak or not out.exists():
+            peak = max(peak, used)
+            record = {"peak_bytes": peak, "start_bytes": start, "total_bytes": total, "sample_s": SAMPLE_S,
+                      "peak_at": time.time(), "largest_processes": largest_processes()}  # fmt: skip
+            partial.write_text(json.dumps(record))
+            partial.replace(out)
+        if not running:
+            return
+        time.sleep(SAMPLE_S)
+
+
+def report(folder: Path) -> str:
+    runs = [RunCost.read(path) for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            if path.name != "memory.json"]  # fmt: skip
+    memory_file = folder / "memory.json"
+    memory = json.loads(memory_file.read_text()) if memory_file.exists() else None
+    return format_report(runs, memory)
+
+
+if __name__ == "__main__":
+    command, folder = sys.argv[1], Path(sys.argv[2])
+    if command == "sample":
+        sample(folder)
+    elif command == "report":
+        print(report(folder))
+    else:
+        raise SystemExit(f"usage: python -m {__spec__.name} sample|report DIR")

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The suite's own cost report (`recipe/nemo_gym_testing/suite_cost.py`): tiers, the slowest modules, peak memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from recipe.nemo_gym_testing.suite_cost import (
+    GIB,
+    ModuleCost,
+    RunCost,
+    format_report,
+    largest_processes,
+    memory_in_use,
+    report,
+    tier_of,
+)
+
+E2E = frozenset({"test_main_ppo.py"})
+
+
+def test_a_module_is_e2e_by_name_else_integration_by_its_mark_else_unit():
+    assert tier_of("tests/cpu/test_main_ppo.py", integration=True, e2e_modules=E2E) == "e2e"
+    assert tier_of("tests/cpu/test_load.py", integration=True, e2e_modules=E2E) == "integration"
+    assert tier_of("tests/cpu/test_packing.py", integration=False, e2e_modules=E2E) == "unit"
+
+
+def test_memory_in_use_is_total_minus_available():
+    meminfo = "MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\nCached: 5 kB\n"
+    assert memory_in_use(meminfo) == 4_000_000 * 1024
+
+
+def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
+    runs = [
+        RunCost("gym-0.7", 600.0, {
+            "tests/cpu/test_a.py": ModuleCost("unit", tests=10, seconds=30.0),
+            "tests/cpu/test_b.py": ModuleCost("integration", tests=3, seconds=200.0),
+            "tests/cpu/test_main_ppo.py": ModuleCost("e2e", tests=2, seconds=400.0),
+        }),
+        RunCost("gym-0.4", 120.0, {"tests/cpu/test_b.py": ModuleCost("integration", tests=3, seconds=110.0)}),
+    ]  # fmt: skip
+    memory = {"peak_bytes": 15 * GIB, "start_bytes": 1 * GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0}
+    text = format_report(runs, memory, slowest=3)
+    assert "run gym-0.7: 10.0 min wall, 15 tests" in text
+    assert "run gym-0.4: 2.0 min wall, 3 tests" in text
+    assert "total wall: 12.0 min" in text
+    assert "  unit           1 modules   10 tests    0.5 min" in text
+    assert "  integration    2 modules    6 tests    5.2 min" in text
+    assert "  e2e            1 modules    2 tests    6.7 min" in text
+    slowest = text.split("the 3 slowest modules:\n")[1].splitlines()[:3]
+    assert slowest == [
+        "    400.0 s  gym-0.7: tests/cpu/test_main_ppo.py",
+        "    200.0 s  gym-0.7: tests/cpu/test_b.py",
+        "    110.0 s  gym-0.4: tests/cpu/test_b.py",
+    ]
+    assert "peak memory in use: 15.0 GiB of 23.5 GiB (machine-wide, sampled every 1 s; 1.0 GiB at start)" in text
+    assert "peak memory: not sampled" in format_report(runs, None)
+
+
+def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folder(tmp_path):
+    RunCost("gym-0.7", 60.0, {"tests/cpu/test_a.py": ModuleCost("unit", 1, 2.0)}).write(tmp_path)
+    sampler = subprocess.Popen(
+        [sys.executable, "-m", "recipe.nemo_gym_testing.suite_cost", "sample", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "memory.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sampler.send_signal(signal.SIGTERM)
+    assert sampler.wait(timeout=30) == 0
+    memory = json.loads((tmp_path / "memory.json").read_text())
+    assert 0 < memory["start_bytes"] <= memory["peak_bytes"] < memory["total_bytes"]
+    text = report(tmp_path)
+    assert "run gym-0.7: 1.0 min wall, 1 tests" in text and "peak memory in use: " in text
+
+
+def test_the_largest_processes_are_listed_largest_first_with_their_command_lines():
+    every = largest_processes(count=10**6)
+    assert any(line.split(":")[0].endswith(f"pid {os.getpid()}") and "pytest" in line for line in every), every[:5]
+    sizes = [float(line.split(" GiB")[0]) for line in every]
+    assert sizes == sorted(sizes, reverse=True) and len(largest_processes(count=3)) == 3
