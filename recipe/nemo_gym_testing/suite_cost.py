@@ -5,12 +5,13 @@
 - starts `python -m recipe.nemo_gym_testing.suite_cost sample DIR` beside its pytest runs. It reads the machine's
   memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
   `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the largest processes at that moment;
-- each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module, its
-  tier, its tests and the seconds its tests took (setup, call and teardown summed: a module's time on its worker);
+- each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
+  tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
 - `python -m recipe.nemo_gym_testing.suite_cost report DIR` prints the summary (`format_report`, pure).
 
-Tiers, by what a module needs (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the job runner);
-`integration` starts a server, a stack, Ray or vLLM; `unit` runs pure code.
+Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the job runner);
+`integration` starts a server, a stack, Ray or vLLM; `unit` runs pure code. Each test's time counts in its own
+tier, so a module with tests of two tiers is in both.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,14 +31,17 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TIERS = ("unit", "integration", "e2e")
 
 
-def tier_of(module: str, *, integration: bool, e2e_modules: frozenset[str]) -> str:
-    if Path(module).name in e2e_modules:
-        return "e2e"
-    return "integration" if integration else "unit"
+def tier_of(keywords: Iterable[str]) -> str:
+    """A test's tier from its marks (`e2e` is also `integration`)."""
+    keywords = set(keywords)
+    return "e2e" if "e2e" in keywords else "integration" if "integration" in keywords else "unit"
 
 
 @dataclass
 class ModuleCost:
+    """The tests of one module in one tier, and the seconds they took."""
+
+    module: str
     tier: str
     tests: int = 0
     seconds: float = 0.0
@@ -44,11 +49,11 @@ class ModuleCost:
 
 @dataclass
 class RunCost:
-    """One pytest run: its label, its wall time, and what each of its modules took."""
+    """One pytest run: its label, its wall time, and what each module took per tier."""
 
     label: str
     wall_s: float
-    modules: dict[str, ModuleCost] = field(default_factory=dict)
+    costs: list[ModuleCost] = field(default_factory=list)
 
     def write(self, folder: Path) -> Path:
         path = folder / f"{self.label}.json"
@@ -58,7 +63,7 @@ class RunCost:
     @classmethod
     def read(cls, path: Path) -> RunCost:
         raw = json.loads(path.read_text())
-        return cls(raw["label"], raw["wall_s"], {k: ModuleCost(**v) for k, v in raw["modules"].items()})
+        return cls(raw["label"], raw["wall_s"], [ModuleCost(**cost) for cost in raw["costs"]])
 
 
 def memory_in_use(meminfo: str) -> int:
@@ -70,20 +75,24 @@ def memory_in_use(meminfo: str) -> int:
 def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10) -> str:
     """The summary `./run_tests.sh` prints at its end."""
     lines = ["", "=" * 30 + " what the suite cost " + "=" * 30]
-    lines += [f"run {run.label}: {run.wall_s / 60:.1f} min wall, {sum(m.tests for m in run.modules.values())} tests"
-              for run in runs]  # fmt: skip
+    for run in runs:
+        lines.append(f"run {run.label}: {run.wall_s / 60:.1f} min wall, {sum(c.tests for c in run.costs)} tests")
     lines.append(f"total wall: {sum(run.wall_s for run in runs) / 60:.1f} min")
-    lines.append("per tier (test time summed over its modules, on whichever worker ran them):")
+    lines.append("per tier (its tests' time summed, on whichever worker ran them):")
     for tier in TIERS:
-        costs = [m for run in runs for m in run.modules.values() if m.tier == tier]
+        costs = [c for run in runs for c in run.costs if c.tier == tier]
         if costs:
-            lines.append(f"  {tier:<12} {len(costs):>3} modules {sum(m.tests for m in costs):>4} tests "
-                         f"{sum(m.seconds for m in costs) / 60:6.1f} min")  # fmt: skip
-    ranked = sorted(
-        ((m.seconds, f"{run.label}: {name}") for run in runs for name, m in run.modules.items()), reverse=True
-    )
-    lines.append(f"the {min(slowest, len(ranked))} slowest modules:")
-    lines += [f"  {seconds:7.1f} s  {name}" for seconds, name in ranked[:slowest]]
+            modules = len({(run.label, c.module) for run in runs for c in run.costs if c.tier == tier})
+            lines.append(f"  {tier:<12} {modules:>3} modules {sum(c.tests for c in costs):>4} tests "
+                         f"{sum(c.seconds for c in costs) / 60:6.1f} min")  # fmt: skip
+    per_module: dict[str, float] = {}
+    for run in runs:
+        for cost in run.costs:
+            key = f"{run.label}: {cost.module}"
+            per_module[key] = per_module.get(key, 0.0) + cost.seconds
+    ranked = sorted(per_module.items(), key=lambda item: -item[1])[:slowest]
+    lines.append(f"the {len(ranked)} slowest modules:")
+    lines += [f"  {seconds:7.1f} s  {name}" for name, seconds in ranked]
     if memory:
         lines.append(
             f"peak memory in use: {memory['peak_bytes'] / GIB:.1f} GiB of {memory['total_bytes'] / GIB:.1f} GiB "

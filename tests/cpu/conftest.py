@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared fixtures of the CPU tests, the `integration` tier, and `--shuffle SEED`.
+"""Shared fixtures of the CPU tests, the tiers, and `--shuffle SEED`.
 
-Tiers: a test that starts a server, a subprocess stack, Ray, a trainer or Slurm is marked `integration`;
-`pytest tests/cpu -m "not integration"` runs the rest, the unit tier (pure code, no servers).
+Tiers: a test that starts a server, a subprocess stack, Ray, a trainer or Slurm is marked `integration`; of those,
+the ones that run a training job (verl's `main_ppo`, a submit script, the job runner) are marked `e2e` too, here
+(`E2E_MODULES`, `pytest_itemcollected`). `-m "not integration"` selects the unit tier (pure code, no servers),
+`-m "integration and not e2e"` the integration tier, `-m e2e` the end-to-end tier.
 
 `--shuffle SEED` runs the modules in a random order and, within each module, the tests in a random order (a
 module's tests stay together, so its module-scoped fixtures are built once). The same seed gives the same order.
@@ -56,8 +58,8 @@ HEAVY_MODULES = (
     "test_load.py",
 )
 HEAVY_GROUP = "heavy"
-# The modules that run a training job (verl's main_ppo, a submit script, the job runner): the e2e tier of the cost
-# report (`recipe/nemo_gym_testing/suite_cost.py`).
+# The modules that run a training job (verl's main_ppo, a submit script, the job runner): their integration tests
+# are marked `e2e` too (`pytest_collection_modifyitems`), the tier `-m e2e` selects.
 E2E_MODULES = frozenset({"test_main_ppo.py", "test_slurm.py", "test_attach_training.py", "test_job_failures.py"})
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
 # with the most processes last. Measured: reliability 225 s, gym_runtime 120, multiturn_http 137, server_patch 89,
@@ -123,8 +125,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if cost is None:
         return
     module = report.nodeid.split("::", 1)[0]
-    tier = tier_of(module, integration="integration" in report.keywords, e2e_modules=E2E_MODULES)
-    entry = cost["modules"].setdefault(module, ModuleCost(tier))
+    tier = tier_of(report.keywords)
+    entry = cost["modules"].setdefault((module, tier), ModuleCost(module, tier))
     entry.seconds += report.duration
     entry.tests += report.when == "call" or (report.when == "setup" and report.skipped)
 
@@ -146,7 +148,7 @@ def _write_cost(config: pytest.Config) -> None:
         return
     cost = config.stash[_COST]
     label = os.environ.get("NG_SUITE_COST_LABEL", "pytest")
-    RunCost(label, time.monotonic() - cost["started"], cost["modules"]).write(Path(folder))
+    RunCost(label, time.monotonic() - cost["started"], list(cost["modules"].values())).write(Path(folder))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -192,6 +194,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_report_header(config: pytest.Config) -> str | None:
     seed = config.getoption("--shuffle")
     return None if seed is None else f"test order: shuffled with --shuffle {seed}"
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The e2e mark (before `-m` selects)."""
+    if item.path.name in E2E_MODULES and item.get_closest_marker("integration") is not None:
+        item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that run are reordered

@@ -22,13 +22,11 @@ from recipe.nemo_gym_testing.suite_cost import (
     tier_of,
 )
 
-E2E = frozenset({"test_main_ppo.py"})
 
-
-def test_a_module_is_e2e_by_name_else_integration_by_its_mark_else_unit():
-    assert tier_of("tests/cpu/test_main_ppo.py", integration=True, e2e_modules=E2E) == "e2e"
-    assert tier_of("tests/cpu/test_load.py", integration=True, e2e_modules=E2E) == "integration"
-    assert tier_of("tests/cpu/test_packing.py", integration=False, e2e_modules=E2E) == "unit"
+def test_a_tests_tier_is_e2e_else_integration_else_unit_by_its_marks():
+    assert tier_of(["test_x", "integration", "e2e", "cpu"]) == "e2e"
+    assert tier_of(["test_x", "integration"]) == "integration"
+    assert tier_of(["test_x", "parametrize"]) == "unit"
 
 
 def test_memory_in_use_is_total_minus_available():
@@ -38,25 +36,26 @@ def test_memory_in_use_is_total_minus_available():
 
 def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
     runs = [
-        RunCost("gym-0.7", 600.0, {
-            "tests/cpu/test_a.py": ModuleCost("unit", tests=10, seconds=30.0),
-            "tests/cpu/test_b.py": ModuleCost("integration", tests=3, seconds=200.0),
-            "tests/cpu/test_main_ppo.py": ModuleCost("e2e", tests=2, seconds=400.0),
-        }),
-        RunCost("gym-0.4", 120.0, {"tests/cpu/test_b.py": ModuleCost("integration", tests=3, seconds=110.0)}),
+        RunCost("gym-0.7", 600.0, [
+            ModuleCost("tests/cpu/test_a.py", "unit", tests=10, seconds=30.0),
+            ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=200.0),
+            ModuleCost("tests/cpu/test_b.py", "unit", tests=2, seconds=1.0),
+            ModuleCost("tests/cpu/test_main_ppo.py", "e2e", tests=2, seconds=400.0),
+        ]),
+        RunCost("gym-0.4", 120.0, [ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=110.0)]),
     ]  # fmt: skip
     memory = {"peak_bytes": 15 * GIB, "start_bytes": 1 * GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0}
     text = format_report(runs, memory, slowest=3)
-    assert "run gym-0.7: 10.0 min wall, 15 tests" in text
+    assert "run gym-0.7: 10.0 min wall, 17 tests" in text
     assert "run gym-0.4: 2.0 min wall, 3 tests" in text
     assert "total wall: 12.0 min" in text
-    assert "  unit           1 modules   10 tests    0.5 min" in text
+    assert "  unit           2 modules   12 tests    0.5 min" in text
     assert "  integration    2 modules    6 tests    5.2 min" in text
     assert "  e2e            1 modules    2 tests    6.7 min" in text
     slowest = text.split("the 3 slowest modules:\n")[1].splitlines()[:3]
     assert slowest == [
         "    400.0 s  gym-0.7: tests/cpu/test_main_ppo.py",
-        "    200.0 s  gym-0.7: tests/cpu/test_b.py",
+        "    201.0 s  gym-0.7: tests/cpu/test_b.py",
         "    110.0 s  gym-0.4: tests/cpu/test_b.py",
     ]
     assert "peak memory in use: 15.0 GiB of 23.5 GiB (machine-wide, sampled every 1 s; 1.0 GiB at start)" in text
@@ -64,7 +63,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
 
 
 def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folder(tmp_path):
-    RunCost("gym-0.7", 60.0, {"tests/cpu/test_a.py": ModuleCost("unit", 1, 2.0)}).write(tmp_path)
+    RunCost("gym-0.7", 60.0, [ModuleCost("tests/cpu/test_a.py", "unit", 1, 2.0)]).write(tmp_path)
     sampler = subprocess.Popen(
         [sys.executable, "-m", "recipe.nemo_gym_testing.suite_cost", "sample", str(tmp_path)],
         cwd=Path(__file__).resolve().parents[2],
