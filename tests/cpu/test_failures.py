@@ -98,3 +98,123 @@ def test_gym_reported_failures_are_infrastructure_except_an_environments_own_mas
     assert FailureCause.ENVIRONMENT_FAILED.kind.value == "infrastructure"
     assert FailureCause.CANCELLED.kind.value == "infrastructure"
     assert FailureCause.MASKED_BY_ENVIRONMENT.kind.value == "data"
+
+
+def _math_result(text: str, *, reward: float, extracted, library: float, judge=None) -> dict:
+    """A `math_with_judge` /run result as NeMo Gym returns it (the verify response's fields)."""
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+    return {
+        "response": {"output": [{"type": "reasoning", "summary": []}, message]},
+        "reward": reward,
+        "expected_answer": "32",
+        "extracted_answer": extracted,
+        "library_reward": library,
+        "judge_evaluations": judge,
+    }
+
+
+def test_a_boxed_answer_scored_zero_without_an_extracted_answer_is_a_missing_verdict_not_a_zero():
+    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+
+    failure = missing_verdict_failure(
+        5, "math_with_judge", _math_result("The answer is \\boxed{32}.", reward=0.0, extracted=None, library=0.0)
+    )
+    assert failure == EpisodeFailure(
+        FailureCause.ENVIRONMENT_FAILED,
+        "'math_with_judge' scored a \\boxed{} answer 0 without extracting it: its math-verify check gave no verdict "
+        "(timed out or failed; see docs/troubleshooting.md, 'A correct math answer scored 0')",
+        row=5,
+    )
+    assert failure.cause.retryable
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        _math_result("The answer is \\boxed{31}.", reward=0.0, extracted="31", library=0.0),  # a verdict: wrong
+        _math_result("The answer is \\boxed{32}.", reward=1.0, extracted="32", library=1.0),  # a verdict: right
+        _math_result("The answer is \\boxed{32}.", reward=1.0, extracted=None, library=1.0),  # right, not printed
+        _math_result("I do not know.", reward=0.0, extracted=None, library=0.0),  # nothing to extract: a verdict
+        _math_result("The answer is \\boxed{}.", reward=0.0, extracted=None, library=0.0),  # an empty box
+        _math_result("\\boxed{32}", reward=0.0, extracted=None, library=0.0, judge=[{"x": 1}]),  # the judge decided
+        {"response": {"output": []}, "reward": 0.0},  # not math_with_judge
+    ],
+)
+def test_results_with_a_verdict_are_left_alone(result):
+    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+
+    assert missing_verdict_failure(0, "math_with_judge", result) is None
+
+
+@pytest.mark.integration  # NeMo Gym's math_with_judge server object in this process; each check forks a process
+@pytest.mark.parametrize(
+    ("expected_answer", "verdict"), [("32", "right"), ("31", "wrong"), ("", "none: the check raised, Gym scored 0")]
+)
+def test_math_with_judge_verify_responses_are_told_apart_by_their_fields(expected_answer, verdict):
+    """The signature read from NeMo Gym's own `verify` (the installed Gym's code, its forked math-verify check): an
+    expected answer math-verify cannot parse makes the check raise, and Gym answers exactly as it does when the
+    check times out or dies (reward 0, no extracted answer)."""
+    import asyncio
+
+    from nemo_gym.config_types import BaseServerConfig
+    from nemo_gym.server_utils import ServerClient
+    from omegaconf import OmegaConf
+    from resources_servers.math_with_judge.app import (
+        LibraryJudgeMathResourcesServer,
+        LibraryJudgeMathResourcesServerConfig,
+        LibraryJudgeMathVerifyRequest,
+    )
+
+    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+
+    config = LibraryJudgeMathResourcesServerConfig.model_validate(
+        {
+            "host": "127.0.0.1",
+            "port": 0,
+            "entrypoint": "app.py",
+            "name": "math_with_judge",
+            "judge_model_server": {"type": "responses_api_models", "name": "policy_model"},
+            "judge_responses_create_params": {"input": []},
+            "should_use_judge": False,
+        }
+    )
+    client = ServerClient(
+        head_server_config=BaseServerConfig(host="127.0.0.1", port=9), global_config_dict=OmegaConf.create({})
+    )
+    server = LibraryJudgeMathResourcesServer(config=config, server_client=client)
+    text = "<think>\nThe known count is 32.\n</think>\n\nThe answer is \\boxed{32}."
+    response = {
+        "id": "resp_1",
+        "created_at": 0.0,
+        "model": "policy",
+        "object": "response",
+        "output": [
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    request = LibraryJudgeMathVerifyRequest.model_validate(
+        {
+            "responses_create_params": {"input": [{"role": "user", "content": "How many?"}]},
+            "response": response,
+            "question": "How many?",
+            "expected_answer": expected_answer,
+        }
+    )
+    result = asyncio.run(server.verify(request)).model_dump(mode="json")
+    failure = missing_verdict_failure(0, "math_with_judge", result)
+    if verdict == "right":
+        assert (result["reward"], result["extracted_answer"], failure) == (1.0, "32", None)
+    elif verdict == "wrong":
+        assert (result["reward"], result["extracted_answer"], failure) == (0.0, "32", None)
+    else:
+        assert (result["reward"], result["extracted_answer"], result["library_reward"]) == (0.0, None, 0.0)
+        assert failure is not None and failure.cause is FailureCause.ENVIRONMENT_FAILED

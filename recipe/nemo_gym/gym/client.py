@@ -32,7 +32,12 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
-from recipe.nemo_gym.gym.outcomes import context_overflow_failure, reported_failure, server_error_failure
+from recipe.nemo_gym.gym.outcomes import (
+    context_overflow_failure,
+    missing_verdict_failure,
+    reported_failure,
+    server_error_failure,
+)
 from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, ServerInstance
 
 ENVIRONMENT_SERVER_TYPE = "environment_servers"
@@ -220,6 +225,11 @@ def make_post_run(session: Any, targets: Mapping[str, RunTarget]) -> Callable[[i
                 index, agent, status, f"result is not a JSON object: {body[:300]!r}", via=target.via
             )
         server = target.via or agent
-        return reported_failure(index, server, result) or context_overflow_failure(index, result) or result
+        return (
+            reported_failure(index, server, result)
+            or context_overflow_failure(index, result)
+            or missing_verdict_failure(index, server, result)
+            or result
+        )
 
     return post_run

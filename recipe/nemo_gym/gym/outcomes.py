@@ -9,6 +9,8 @@ Contract (all pure):
   server refused as over the model's context, else None.
 - `reported_failure(row, server, result)` is the failure NeMo Gym itself reported on a row that came back with
   HTTP 200 (`_ng_failure_class`, `mask_sample`), else None.
+- `missing_verdict_failure(row, server, result)` is ENVIRONMENT_FAILED for a `math_with_judge` result that carries
+  no verdict although its reward says 0 (its verifier process gave none), else None.
 
 What reaches these bodies, in NeMo Gym 0.4.0 and 0.7.0: HTTP errors are not retried at the `/run` level; the
 model server retries 500/502/503/504/429/520 from the policy 3 times (0.5 s apart) before it fails the agent's
@@ -145,6 +147,52 @@ def reported_failure(row: int, server: str, result: Mapping[str, Any]) -> Episod
             row=row,
         )
     return None
+
+
+# `math_with_judge`'s verify fields (NeMo Gym 0.4.0 to 0.7.0), which the row's result carries.
+LIBRARY_REWARD_KEY, EXTRACTED_ANSWER_KEY, JUDGE_EVALUATIONS_KEY = (
+    "library_reward",
+    "extracted_answer",
+    "judge_evaluations",
+)
+_BOXED_ANSWER = re.compile(r"\\boxed\{\s*[^\s}]")
+
+
+def missing_verdict_failure(row: int, server: str, result: Mapping[str, Any]) -> EpisodeFailure | None:
+    """ENVIRONMENT_FAILED for a `math_with_judge` result whose reward 0 is no verdict, else None.
+
+    `math_with_judge` (NeMo Gym 0.4.0 to 0.7.0) checks each answer with math-verify in a forked process and scores 0,
+    with no failure flag and no extracted answer, whenever that check gives no result: the process timed out, died,
+    or math-verify's own signal-based time limits (5 s to parse, 5 s to compare, 2 s to print; not configurable)
+    cut it short, which happens on a CPU-starved node (up to `library_verifier_max_concurrency`, 32 by default,
+    checks at once). A check that completes always extracts something from a `\\boxed{...}` answer (math-verify
+    keeps the raw text when it cannot parse it), so reward 0, no extracted answer, no judge consulted and a
+    non-empty boxed answer in the text the verifier read (the output text of its message items) mean the check
+    failed. Such a row is retried, then masked: its 0 is not the environment's verdict.
+    """
+    if LIBRARY_REWARD_KEY not in result or EXTRACTED_ANSWER_KEY not in result:
+        return None
+    if result.get(EXTRACTED_ANSWER_KEY) is not None or result.get(JUDGE_EVALUATIONS_KEY):
+        return None
+    if result.get(LIBRARY_REWARD_KEY) != 0 or result.get("reward") != 0:
+        return None
+    response = result.get("response")
+    output = response.get("output") if isinstance(response, Mapping) else None
+    texts = [
+        part.get("text") or ""
+        for item in (output if isinstance(output, list) else [])
+        if isinstance(item, Mapping) and item.get("type") == "message"
+        for part in (item.get("content") if isinstance(item.get("content"), list) else [])
+        if isinstance(part, Mapping) and part.get("type") == "output_text"
+    ]
+    if not _BOXED_ANSWER.search("".join(texts)):
+        return None
+    return EpisodeFailure(
+        FailureCause.ENVIRONMENT_FAILED,
+        f"{server!r} scored a \\boxed{{}} answer 0 without extracting it: its math-verify check gave no verdict (timed "
+        "out or failed; see docs/troubleshooting.md, 'A correct math answer scored 0')",
+        row=row,
+    )
 
 
 def _excerpt(value: Any, limit: int = 300) -> str:
