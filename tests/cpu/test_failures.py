@@ -218,3 +218,46 @@ def test_math_with_judge_verify_responses_are_told_apart_by_their_fields(expecte
     else:
         assert (result["reward"], result["extracted_answer"], result["library_reward"]) == (0.0, None, 0.0)
         assert failure is not None and failure.cause is FailureCause.ENVIRONMENT_FAILED
+
+
+def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure(tmp_path):
+    """`make_post_run` (what the manager posts each row with) against an HTTP server answering `/run` the way
+    `math_with_judge_simple_agent` does: a verdict-less 0 comes back as the row's failure, a verdict as the result."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from recipe.nemo_gym.gym.client import RunTarget, make_post_run
+    from recipe.nemo_gym_testing.helpers import free_port
+
+    answers = iter(
+        [
+            _math_result("The answer is \\boxed{32}.", reward=0.0, extracted=None, library=0.0),
+            _math_result("The answer is \\boxed{31}.", reward=0.0, extracted="31", library=0.0),
+        ]
+    )
+
+    async def run(request: web.Request) -> web.Response:
+        return web.json_response(next(answers))
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/run", run)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                agent = "math_with_judge_simple_agent"
+                post_run = make_post_run(session, {agent: RunTarget(agent, f"http://127.0.0.1:{port}")})
+                row = {"agent_ref": {"name": agent}, "responses_create_params": {"input": []}}
+                return await post_run(7, row), await post_run(8, row)
+        finally:
+            await runner.cleanup()
+
+    missing, wrong = asyncio.run(main())
+    assert isinstance(missing, EpisodeFailure) and missing.cause is FailureCause.ENVIRONMENT_FAILED
+    assert missing.row == 7 and "without extracting it" in missing.detail
+    assert isinstance(wrong, dict) and wrong["extracted_answer"] == "31"
