@@ -4,8 +4,11 @@
 `plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its
 model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO over the
 episodes that did not fail (`nemo_gym_grpo`, registered by the manager: `advantages.py`), the
-multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset, and
-vLLM's tool-call parsing. NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers
+multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset, no
+reward workers, and vLLM's tool-call parsing. The environment's reward is the reward (`rm_scores`, packed by the
+manager), so verl 0.9.1's `RewardLoopWorker` actors (8 by default, each a Python process importing verl and torch,
+about 1 GB) would never be called: `reward.num_workers=0` starts none (verl's V0 trainer calls them only to score
+a batch that has no `rm_scores`, and hands their list to the manager, which ignores it). NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers
 tools, which vLLM refuses (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the
 model's tool-call format (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
 The submit scripts read them from this module's command line (one per line), the CPU job runner and the test
@@ -47,6 +50,7 @@ def plugin_overrides(
     return [
         "trainer.use_v1=false",
         "algorithm.adv_estimator=nemo_gym_grpo",
+        "reward.num_workers=0",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true",

@@ -495,7 +495,6 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         tmp_path,
         SUBMIT,
         "data.dataloader_num_workers=0",
-        "reward.num_workers=1",
         timeout_s=1500,
         CONFIG_ENV=str(config),
     )

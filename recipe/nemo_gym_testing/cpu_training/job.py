@@ -192,7 +192,6 @@ def plugin_overrides(spec: JobSpec, agent_loop_config: Path) -> list[str]:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "algorithm.use_kl_in_reward=false",
-        "reward.num_workers=1",
         f"trainer.total_training_steps={spec.steps}",
         f"trainer.save_freq={spec.save_freq}",
         f"trainer.test_freq={spec.test_freq}",
