@@ -152,6 +152,8 @@ def _write_cost(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SHARED_ENGINE:  # in each pytest process (an xdist worker or a run without workers) that started one
+        _SHARED_ENGINE.pop().stop()
     config = session.config
     if hasattr(config, "workerinput") or _SUITE_TEMP not in config.stash:
         return
@@ -260,19 +262,33 @@ def ray_address():
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+_SHARED_ENGINE: list = []  # this pytest process's `SharedEngine`, once a module has asked for it
+
+
+@pytest.fixture(scope="module")
 def shared_engine(tmp_path_factory):
-    """verl's vLLM rollout (standalone, vLLM's CPU build, splice patch armed) shared by the session's modules that
-    only send it requests: each request names its scripted policy (`cpu_training/shared_engine.py`). It runs in a
-    process of its own with its own Ray, started on first use and stopped at the end of the session (of the
-    pytest-xdist worker). A module that kills or reconfigures its engine starts its own. Yields an `EngineInfo`."""
+    """verl's vLLM rollout (standalone, vLLM's CPU build, splice patch armed) shared by the modules that only send it
+    requests: each request names its scripted policy (`cpu_training/shared_engine.py`). It runs in a process of its
+    own with its own Ray, started on first use. It stays up while the next modules of this pytest process use it
+    too, is stopped before a heavy module that does not (`_no_idle_engine_beside_a_heavy_module`), and at the end
+    of the session. A module that kills or reconfigures its engine starts its own. Returns an `EngineInfo`."""
     from recipe.nemo_gym_testing.cpu_training.shared_engine import SharedEngine
 
-    engine = SharedEngine(tmp_path_factory.mktemp("shared-engine"))
-    try:
-        yield engine.info()
-    finally:
-        engine.stop()
+    if not _SHARED_ENGINE:
+        _SHARED_ENGINE.append(SharedEngine(tmp_path_factory.mktemp("shared-engine")))
+    return _SHARED_ENGINE[0].info()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_idle_engine_beside_a_heavy_module(request):
+    """Stop the shared engine (4.3 GB) before a heavy module that does not use it: in file order the modules that
+    use it run last and together, but in a `--shuffle` order a trainer would otherwise run beside an idle engine."""
+    module = request.node.path
+    if _SHARED_ENGINE and module.name in HEAVY_MODULES:
+        items = [item for item in request.session.items if item.path == module]
+        if not any("shared_engine" in item.fixturenames for item in items):
+            _SHARED_ENGINE[0].stop()
+    yield
 
 
 @pytest.fixture
