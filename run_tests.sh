@@ -11,7 +11,8 @@ tests/cpu/install_slurm.sh
 # Two pytest-xdist workers (NG_TEST_WORKERS), each taking whole modules in the order conftest.py gives them, one
 # of them all the modules that start a trainer or a vLLM server (one such module at a time fits in 24 GB): most of
 # a trainer's start-up is single-threaded imports, so two workers use both cores. NeMo Gym runs from
-# .venv-gym (Gym 0.7.0) in all of them.
+# .venv-gym (Gym 0.7.0) in all of them, except test_end_to_end_gym_0_4.py: the end-to-end module again on the
+# oldest Gym the plugin runs, 0.4.0, which the trainer's .venv holds.
 # What the run costs, measured by the suite itself (recipe/nemo_gym_testing/suite_cost.py): each pytest run writes
 # its time per module into NG_SUITE_COST_DIR, a sampler beside them keeps the machine's peak memory in use, and the
 # summary is printed at the end.
@@ -21,15 +22,8 @@ mkdir -p "$NG_SUITE_COST_DIR"
 sampler=$!
 trap 'kill "$sampler" 2>/dev/null || true' EXIT
 status=0
-NG_SUITE_COST_LABEL=gym-0.7 .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile \
+NG_SUITE_COST_LABEL=suite .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile \
     --no-loadscope-reorder "$@" || status=$?
-# The end-to-end module again on the oldest Gym the plugin runs, 0.4.0, which the trainer's .venv holds (only for
-# the whole suite: arguments select what the first run runs).
-if [[ $# -eq 0 ]]; then
-    echo "run_tests.sh: tests/cpu/test_end_to_end.py on NeMo Gym 0.4.0 (NEMO_GYM_ENV=.venv)" >&2
-    NG_SUITE_COST_LABEL=gym-0.4 NEMO_GYM_ENV="$PWD/.venv" .venv/bin/python -m pytest tests/cpu/test_end_to_end.py \
-        || status=$?
-fi
 kill "$sampler" && wait "$sampler" || true
 .venv/bin/python -m recipe.nemo_gym_testing.suite_cost report "$NG_SUITE_COST_DIR"
 exit "$status"

@@ -8,9 +8,10 @@ multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YA
 reward workers, and vLLM's tool-call parsing. The environment's reward is the reward (`rm_scores`, packed by the
 manager), so verl 0.9.1's `RewardLoopWorker` actors (8 by default, each a Python process importing verl and torch,
 about 1 GB) would never be called: `reward.num_workers=0` starts none (verl's V0 trainer calls them only to score
-a batch that has no `rm_scores`, and hands their list to the manager, which ignores it). NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers
-tools, which vLLM refuses (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the
-model's tool-call format (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
+a batch that has no `rm_scores`, and hands their list to the manager, which ignores it).
+NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers tools, which vLLM refuses
+(HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the model's tool-call format
+(`hermes` for Qwen; `tool_call_parser=None` leaves both out).
 The submit scripts read them from this module's command line (one per line), the CPU job runner and the test
 harness call the function, and a test checks that the README's command shows each of them.
 

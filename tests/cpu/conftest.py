@@ -41,7 +41,7 @@ import pytest
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
 # Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
 # slurm 426, attach 241, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a
-# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150. The last four share one verl vLLM
+# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150. The last five share one verl vLLM
 # server (the `shared_engine` fixture, about 150 s to start), so they come last, together: the engine lives only
 # while they run, never beside a trainer of this worker.
 HEAVY_MODULES = (
@@ -54,6 +54,7 @@ HEAVY_MODULES = (
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
     "test_end_to_end.py",
+    "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
     "test_load.py",
 )

@@ -18,6 +18,7 @@ import contextlib
 import psutil
 import pytest
 import torch
+import yaml
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 from verl.utils.config import omega_conf_to_dataclass
 
@@ -36,17 +37,30 @@ N = 2
 
 
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory, shared_engine):
+def gym_environment():
+    """The Python environment NeMo Gym runs from: None for the plugin's default (`.venv-gym`, Gym 0.7, or
+    `$NEMO_GYM_ENV`); `test_end_to_end_gym_0_4.py` overrides it."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory, shared_engine, gym_environment):
     """The module's stacks, one live at a time: the shutdown test takes one no other test uses after it."""
 
     @contextlib.contextmanager
     def start():
         tmp = tmp_path_factory.mktemp("e2e")
         model_dir = tiny_qwen3_dir()
-        rows = harness.example_rows()
+        rows = harness.example_rows(environment=gym_environment)
         data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+        plugin = MULTIENV
+        if gym_environment is not None:  # the shipped blend, run from that environment
+            blend = yaml.safe_load(MULTIENV.read_text())
+            blend["nemo_gym"]["environment"] = str(gym_environment)
+            plugin = tmp / MULTIENV.name
+            plugin.write_text(yaml.safe_dump(blend))
         overrides = harness.cpu_trainer_overrides(
-            model_dir, MULTIENV, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
+            model_dir, plugin, prompt_length=8192, response_length=1024, n=N, batch_size=len(rows)
         )
         with harness.manager_stack(
             model_dir, overrides, data, example_episodes_policy(), engine=shared_engine

@@ -215,11 +215,14 @@ def verl_llm_client(config, addresses: Sequence[str]):
     return LLMServerClient(config, load_balancer_handle=balancer)
 
 
-def example_rows(agents: Sequence[str] = DEFAULT_EXAMPLE_AGENTS) -> list[dict[str, Any]]:
-    """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does."""
+def example_rows(
+    agents: Sequence[str] = DEFAULT_EXAMPLE_AGENTS, environment: str | Path | None = None
+) -> list[dict[str, Any]]:
+    """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does, from
+    the Gym in `environment` (`nemo_gym.environment`'s rule: unset, `$NEMO_GYM_ENV`, else `.venv-gym`)."""
     from recipe.nemo_gym.config import NeMoGymSection
 
-    root = NeMoGymSection(config_paths=["-"]).resolved_root()
+    root = NeMoGymSection(config_paths=["-"], environment=environment).resolved_root()
     rows = []
     for agent in agents:
         for line in (root / EXAMPLE_DATA[agent]).read_text().splitlines():
