@@ -16,7 +16,8 @@ tests/cpu/install_slurm.sh
 # What the run costs, measured by the suite itself (recipe/nemo_gym_testing/suite_cost.py): each pytest run writes
 # its time per module into NG_SUITE_COST_DIR, a sampler beside them keeps the machine's peak memory in use, and the
 # summary is printed at the end.
-export NG_SUITE_COST_DIR="$PWD/outputs/suite-cost/$(date -u +%Y%m%d-%H%M%S)"
+NG_SUITE_COST_DIR="$PWD/outputs/suite-cost/$(date -u +%Y%m%d-%H%M%S)"
+export NG_SUITE_COST_DIR
 mkdir -p "$NG_SUITE_COST_DIR"
 .venv/bin/python -m recipe.nemo_gym_testing.suite_cost sample "$NG_SUITE_COST_DIR" &
 sampler=$!

@@ -39,17 +39,17 @@ from pathlib import Path
 import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-25/26, the slowest test phases of passing runs, summed by module): main_ppo 758 s, load 622,
-# slurm 426, attach 241, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a
-# stand-in trainer), manager_exit 295, end_to_end 205, more_environments ~150. The last five share one verl vLLM
-# server (the `shared_engine` fixture, about 150 s to start), so they come last, together: the engine lives only
-# while they run, never beside a trainer of this worker.
+# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 766 s, slurm 524, attach 991 (600 of
+# them a test waiting on engines Ray's memory monitor had killed: it ran beside test_reliability's engine); earlier
+# runs: load 622, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a stand-in
+# trainer), manager_exit 295, end_to_end 205, more_environments ~150. The five after job_failures share one verl vLLM
+# server (the `shared_engine` fixture, about 150 s to start), so they come together: the engine lives only while
+# they run. test_attach (two engines of its own, ~9 GB) comes last, when the other worker has finished.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm.py",
-    "test_attach.py",
-    "test_attach_training.py",
     "test_job_failures.py",
+    "test_attach_training.py",
     # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
@@ -57,6 +57,7 @@ HEAVY_MODULES = (
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
     "test_load.py",
+    "test_attach.py",
 )
 HEAVY_GROUP = "heavy"
 # The modules that run a training job (verl's main_ppo, a submit script, the job runner): their integration tests
@@ -235,13 +236,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory_after_module():
-    """After each module, return the memory its garbage held to the operating system (glibc's `malloc_trim`): a
-    pytest worker runs many modules, and what one module freed would otherwise stay resident beside the next
-    module's servers."""
+    """After each module, drop vLLM's and transformers' memoized objects (their `lru_cache`s) and return the memory
+    freed to the operating system (glibc's `malloc_trim`). A pytest worker runs many modules and stays up until the
+    whole run ends: after `test_template_matrix` and `test_server_patch` (vLLM's chat render for a dozen tokenizers,
+    in process) it held 6.4 GiB, 1.5 GiB after this (measured by hand), beside the other worker's trainers."""
     yield
     import ctypes
+    import functools
     import gc
 
+    for cached in gc.get_objects():  # vLLM's and transformers' memoized tokenizers, configs and renderers
+        if isinstance(cached, functools._lru_cache_wrapper):  # noqa: SLF001 - the type of every lru_cache
+            module = getattr(getattr(cached, "__wrapped__", None), "__module__", None) or ""
+            if module.startswith(("vllm", "transformers")):
+                cached.cache_clear()
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
