@@ -66,9 +66,14 @@ class RunCost:
         return cls(raw["label"], raw["wall_s"], [ModuleCost(**cost) for cost in raw["costs"]])
 
 
+def meminfo_bytes(meminfo: str) -> dict[str, int]:
+    """The fields of /proc/meminfo's text, in bytes."""
+    return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo.splitlines() if ":" in line}
+
+
 def memory_in_use(meminfo: str) -> int:
     """Bytes in use on the machine, from the text of /proc/meminfo."""
-    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo.splitlines() if ":" in line}
+    fields = meminfo_bytes(meminfo)
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
@@ -130,7 +135,7 @@ def sample(folder: Path) -> None:
     signal.signal(signal.SIGTERM, stop)
     meminfo = Path("/proc/meminfo")
     text = meminfo.read_text()
-    total = int(next(line for line in text.splitlines() if line.startswith("MemTotal")).split()[1]) * 1024
+    total = meminfo_bytes(text)["MemTotal"]
     start = peak = memory_in_use(text)
     out, partial = folder / "memory.json", folder / "memory.json.partial"
     while True:

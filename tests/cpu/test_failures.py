@@ -220,7 +220,7 @@ def test_math_with_judge_verify_responses_are_told_apart_by_their_fields(expecte
         assert failure is not None and failure.cause is FailureCause.ENVIRONMENT_FAILED
 
 
-def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure(tmp_path):
+def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure():
     """`make_post_run` (what the manager posts each row with) against an HTTP server answering `/run` the way
     `math_with_judge_simple_agent` does: a verdict-less 0 comes back as the row's failure, a verdict as the result."""
     import asyncio

@@ -115,10 +115,6 @@ class SharedRollout:
     llm_client: Any
     addresses: list[str]
 
-    @property
-    def base_urls(self) -> list[str]:
-        return [f"http://{address}/v1" for address in self.addresses]
-
 
 @contextlib.contextmanager
 def manager_stack(
