@@ -7,13 +7,10 @@ uppercase_share environment), injects one fault, and asserts the exit status and
 must name what failed and why, and the log file for the rest. After every job nothing of it may be left: no
 process (found by a marker in the environment every process of the job inherits) and no temporary folder of the
 run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation. The job runner's own
-semantics (Ctrl-C, a trainer killed by a signal) are tested against a stand-in that behaves like `main_ppo` for the
-runner (`cpu_training/stand_in_trainer.py`); the plugin's own faults, against the real trainer.
-
-The job that trains to the end (beside a second job refused on its folder) also carries the failure-neutral step:
-its environment (tests/cpu/gym_envs/.../fail_on_request, a real Gym 0.7 resources server) fails one episode once
-and one persistently, and the step's advantages (the plugin's `$NEMO_GYM_VERL_ADVANTAGE_LOG` record of what verl's
-`compute_advantage` returned) and verl's own metrics show what a failed episode changes: nothing.
+semantics (Ctrl-C, a trainer killed by a signal, a second job refused on a folder in use, a finished run's last
+line) are tested against a stand-in that behaves like `main_ppo` for the runner (`cpu_training/stand_in_trainer.py`);
+the plugin's own faults, against the real trainer. The failure-neutral step (a failed episode changes no statistic)
+is carried by `test_main_ppo.py`'s run.
 """
 
 from __future__ import annotations
@@ -30,17 +27,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
-import torch
 import yaml
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, spec_to_json
+from recipe.nemo_gym_testing.cpu_training.stand_in_trainer import FINISH_FILE_ENV
 from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
 from recipe.nemo_gym_testing.helpers import processes_with_env
 
@@ -195,100 +189,6 @@ def test_bad_rows_fail_before_step_1_listing_every_one_with_file_and_line(tmp_pa
     assert _job_temp_folders() <= before
 
 
-FLAKY_AGENT = "fail_on_request_simple_agent"
-GYM_ENVS = Path(__file__).parent / "gym_envs"
-FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / "fail_on_request.yaml"
-
-
-def _flaky_job(tmp_path: Path) -> tuple[JobSpec, dict[str, str]]:
-    """One step of 2 prompts x 3 samples on `fail_on_request`: one prompt's first verify fails once (FAIL_ONCE), the
-    other's first sample fails on every try (FAIL_FIRST_OF_3); retried once, 0.5 s apart. The environment for the
-    job: Gym finds the test server through NEMO_GYM_EXTRA_ROOTS, and the advantages are recorded."""
-    plugin = tmp_path / "flaky.yaml"
-    plugin.write_text(
-        yaml.safe_dump(
-            {
-                "nemo_gym": {
-                    "config_paths": [
-                        "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
-                        str(FLAKY_CONFIG),
-                    ]
-                },
-                "timeouts": {"health_check_interval_s": 2, "policy_health_timeout_s": 2},
-                "failures": {"retries": 1, "retry_delay_s": 0.5},
-            }
-        )
-    )
-    rows = [
-        {
-            "responses_create_params": {"input": [{"role": "user", "content": f"Say hello in one word. {marker}"}]},
-            "agent_ref": {"name": FLAKY_AGENT},
-        }
-        for marker in ("FAIL_ONCE", "FAIL_FIRST_OF_3")
-    ]
-    train = harness.write_jsonl(rows, tmp_path / "flaky.jsonl")
-    spec = dataclasses.replace(_spec(tmp_path, plugin, train), n=3)
-    env = {"NEMO_GYM_EXTRA_ROOTS": str(GYM_ENVS), ADVANTAGE_LOG_ENV: str(tmp_path / "advantages.jsonl")}
-    return spec, env
-
-
-def _assert_failures_changed_nothing(spec: JobSpec, advantage_log: Path) -> None:
-    """The step of `_flaky_job`: the transient failure was retried and trained; the persistent one was masked, its
-    siblings' advantages are verl's GRPO over them alone, and the logged reward leaves it out."""
-    (step,) = [json.loads(line)["data"] for line in spec.metrics_file.read_text().splitlines() if '"actor/' in line]
-    gym = f"timing_s/nemo_gym/{FLAKY_AGENT}/"
-    assert (step[f"{gym}episodes"], step[f"{gym}failed"], step[f"{gym}retried"], step[f"{gym}recovered"]) == (
-        6.0,
-        1.0,
-        2.0,
-        1.0,
-    ), {k: v for k, v in step.items() if k.startswith(gym)}
-    (record,) = [json.loads(line) for line in advantage_log.read_text().splitlines()]
-    assert record["estimator"] == "nemo_gym_grpo"
-    uids, scores, valid = np.array(record["uid"], dtype=object), torch.tensor(record["score"]), record["valid"]
-    advantages = torch.tensor(record["advantage"])
-    assert valid.count(False) == 1
-    failed = valid.index(False)
-    assert advantages[failed] == 0.0 and scores[failed] == 0.0
-    # Every valid row's advantage is verl's GRPO over the valid rows alone: the failed row is as if never sampled.
-    keep = np.array(valid)
-    expected, _ = compute_grpo_outcome_advantage(
-        scores[keep].unsqueeze(-1), torch.ones(int(keep.sum()), 1), uids[keep], norm_adv_by_std_in_grpo=True
-    )
-    assert torch.allclose(advantages[keep], expected.squeeze(-1), atol=1e-6), (advantages, expected)
-    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [2, 3]  # both groups still train
-    # verl's reward curve averages the five valid episodes only; the failed one is among its aborted samples.
-    assert step["critic/score/mean"] == pytest.approx(scores[keep].mean().item(), abs=1e-6)
-    assert step["response/aborted_ratio"] == pytest.approx(1 / 6)
-    assert step[f"{gym}reward/mean"] == pytest.approx(scores[keep].mean().item(), abs=1e-6)
-
-
-def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, plugin_yaml):
-    spec, env = _flaky_job(tmp_path)
-    first = RunningJob(spec, "first", env=env)
-    first.wait_for_log("Ray")  # the trainer is up and writing its log
-    written = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in first.spec.out_dir.glob("*.*")}
-    started = time.monotonic()
-    second = RunningJob(spec, "second")
-    assert second.finish(timeout_s=120) == 1
-    refused_in = time.monotonic() - started
-    assert second.lines[-1] == (
-        f"job: {first.spec.out_dir} is in use by another job (PID {first.proc.pid}); wait for it to end, stop it, "
-        "or give this job another output folder"
-    ), second.console()
-    assert refused_in < 60, refused_in  # before any trainer start-up (a start takes minutes here)
-    for name, digest in written.items():  # the plugin YAML and the command are the first job's still
-        if name != "main_ppo.log":
-            assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
-    assert first.finish() == 0, first.console()
-    assert any(line.startswith("step 1 | reward") for line in first.lines), first.console()
-    assert first.lines[-1].startswith("main_ppo finished in "), first.console()
-    assert first.lines[-1].endswith(f" s; metrics: {first.spec.metrics_file}; log: {first.spec.log_file}")
-    assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there
-    assert first.left_behind() == []
-    _assert_failures_changed_nothing(first.spec, Path(env[ADVANTAGE_LOG_ENV]))
-
-
 def _kill_while_training(tmp_path: Path, plugin_yaml: Path, tag: str, needle: str) -> tuple[RunningJob, str]:
     """Start a 4-step job, SIGKILL its processes whose command line holds `needle` once training is next, and
     return the job (exit status 1 asserted) and the cause the console printed between its exit line and its log
@@ -353,6 +253,33 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []  # the killed trainer's child too: the runner stops the whole group
     assert _job_temp_folders() <= before
+
+
+def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, plugin_yaml):
+    finish = tmp_path / "finish"  # the stand-in trainer logs a step and exits 0 once this exists
+    first = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "first", env={FINISH_FILE_ENV: str(finish)})
+    first.wait_for_log(READY)  # the trainer is up and writing its log
+    written = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in first.spec.out_dir.glob("*.*")}
+    started = time.monotonic()
+    second = RunningJob(first.spec, "second")
+    assert second.finish(timeout_s=120) == 1
+    refused_in = time.monotonic() - started
+    assert second.lines[-1] == (
+        f"job: {first.spec.out_dir} is in use by another job (PID {first.proc.pid}); wait for it to end, stop it, "
+        "or give this job another output folder"
+    ), second.console()
+    assert refused_in < 60, refused_in  # before any trainer start-up
+    for name, digest in written.items():  # the plugin YAML and the command are the first job's still
+        if name != "main_ppo.log":
+            assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
+    assert first.proc.poll() is None  # the refusal did not touch the running job
+    finish.touch()
+    assert first.finish(timeout_s=120) == 0, first.console()
+    assert "step 1 | reward stand_in_simple_agent=1.000" in first.lines, first.console()
+    assert first.lines[-1].startswith("main_ppo finished in "), first.console()
+    assert first.lines[-1].endswith(f" s; metrics: {first.spec.metrics_file}; log: {first.spec.log_file}")
+    assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there
+    assert first.left_behind() == []
 
 
 def test_a_policy_server_killed_while_training_ends_the_job_naming_its_url(tmp_path, plugin_yaml):

@@ -5,7 +5,8 @@ One module-scoped run of the CPU training backend (`recipe.nemo_gym_testing.cpu_
 training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls), math
 (scripted answers) and uppercase_share (answers sampled by the model), a checkpoint after step 2, then a second
 `main_ppo` that resumes from it and trains step 3. Every check reads verl's own logged metrics or its
-checkpoint folder:
+checkpoint folder, or the advantages verl's `compute_advantage` returned (the plugin's
+`$NEMO_GYM_VERL_ADVANTAGE_LOG` record):
 
 - the actor's recomputed log-probs equal the rollout's on every generated token (`training/rollout_probs_diff_max`
   in probability space and `rollout_corr/log_ppl_abs_diff` in log space), at every step: splice, packing and
@@ -14,7 +15,11 @@ checkpoint folder:
   server left on stale weights would be off by far more than the tolerance);
 - workplace episodes really call tools (environment tokens are masked in the batch), and no episode failed;
 - the checkpoint is written and a resumed run trains one more step; nothing is left running afterwards, and no
-  shared-memory segment or socket of the runs is left in /dev/shm or /tmp.
+  shared-memory segment or socket of the runs is left in /dev/shm or /tmp;
+- a failed episode changes no statistic. Step 3's batch holds two rows of `fail_on_request` (tests/cpu/gym_envs/,
+  a real Gym 0.7 resources server added to the blend): one whose first verify fails once (retried, recovered), one
+  whose first sample fails on every try (masked). Every other row's advantage is verl's GRPO over the valid rows
+  alone, and verl's reward curve leaves the failed one out.
 
 The rollout is verl's own `rollout.name=vllm` on vLLM's CPU build: the `vLLMHttpServer` actor, vLLM's engine, verl's
 weight sync, and the splice patch armed in the actor by `VERL_USE_EXTERNAL_MODULES`. Scripted turns are forced
@@ -29,9 +34,14 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
+import torch
+import yaml
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
@@ -45,6 +55,9 @@ pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 WORKPLACE = "workplace_assistant_simple_agent"
 MATH = "math_with_judge_simple_agent"
 UPPERCASE = "uppercase_share_simple_agent"
+FLAKY = "fail_on_request_simple_agent"
+GYM_ENVS = Path(__file__).parent / "gym_envs"
+FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / "fail_on_request.yaml"
 SCRIPTED_TOOLS = ("company_directory_find_email_address", "email_reply_email")
 UPPERCASE_ANSWER_TOKENS = 32  # sampled answers; every token of them is trained, so they set the step's cost
 RUN_MARKER = "NG_TEST_MAIN_PPO_RUN"  # in the environment of both runs, so of every process they start
@@ -61,7 +74,9 @@ def ci_script():
 
 
 def ordered_rows() -> list[dict]:
-    """8 rows, in order (data.shuffle=false): each batch of 4 holds one workplace, one math, two uppercase rows."""
+    """12 rows, in order (data.shuffle=false): the batches of 4 of steps 1 and 2 hold one workplace, one math, two
+    uppercase rows each; step 3's (the resumed run's) a workplace row, an uppercase row and `fail_on_request`'s
+    FAIL_ONCE and FAIL_FIRST_OF_2 rows."""
     examples = harness.example_rows()
     workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
     math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
@@ -72,7 +87,32 @@ def ordered_rows() -> list[dict]:
     workplace = [harness.with_tools(r, SCRIPTED_TOOLS) for r in workplace]
     carlos = next(r for r in workplace if "carlos" in json.dumps(r).lower())
     other = next(r for r in workplace if r is not carlos)
-    return [carlos, uppercase[0], uppercase[1], math_rows[0], other, uppercase[2], uppercase[3], math_rows[1]]
+    flaky = [
+        {
+            "responses_create_params": {
+                "input": [{"role": "user", "content": f"Say hello in one word. {marker}"}],
+                "max_output_tokens": UPPERCASE_ANSWER_TOKENS,
+            },
+            "agent_ref": {"name": FLAKY},
+        }
+        for marker in ("FAIL_ONCE", "FAIL_FIRST_OF_2")
+    ]
+    return [
+        *(carlos, uppercase[0], uppercase[1], math_rows[0]),
+        *(other, uppercase[2], uppercase[3], math_rows[1]),
+        *(carlos, flaky[0], uppercase[4], flaky[1]),
+    ]
+
+
+def blend_with_flaky_server(path: Path) -> Path:
+    """The shipped blend plus `fail_on_request`; failures retried once, 0.5 s apart. A group that keeps one valid
+    episode still trains (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it
+    alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 8."""
+    config = yaml.safe_load(BLEND.read_text())
+    config["nemo_gym"]["config_paths"].append(str(FLAKY_CONFIG))
+    config["failures"].update(retries=1, retry_delay_s=0.5, min_valid_per_group=1)
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +125,7 @@ def runs(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=BLEND,
+        agent_loop_config=blend_with_flaky_server(out / "blend.yaml"),
         train_files=[train],
         val_files=[val],
         steps=2,
@@ -102,6 +142,8 @@ def runs(tmp_path_factory):
     started = time.time()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(RUN_MARKER, str(out))
+        patch.setenv("NEMO_GYM_EXTRA_ROOTS", str(GYM_ENVS))  # where Gym finds fail_on_request
+        patch.setenv(ADVANTAGE_LOG_ENV, str(out / "advantages.jsonl"))
         first = run_job(spec, console=print)
         second = run_job(
             JobSpec(**{**spec.__dict__, "steps": 3, "resume": True, "val_before_train": False}), console=print
@@ -146,14 +188,50 @@ def test_every_step_updates_the_weights_the_next_rollout_uses(runs):
 def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_failures(runs):
     _, first, second, _, _ = runs
     for data in _training_steps(first) + _training_steps(second):
-        assert set(environments(data)) == {WORKPLACE, MATH, UPPERCASE}
-        assert data["timing_s/nemo_gym/all/failed"] == 0
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/num_turns/max"] >= 4  # a tool call, its result, a reply
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/env_tokens/max"] > 0
         # A row's own generation limit (max_output_tokens) reaches the engine.
         assert data[f"timing_s/nemo_gym/{UPPERCASE}/generated_tokens/max"] <= UPPERCASE_ANSWER_TOKENS
+    for data in _training_steps(first):
+        assert set(environments(data)) == {WORKPLACE, MATH, UPPERCASE}
+        assert data["timing_s/nemo_gym/all/failed"] == 0
+    (step_3,) = _training_steps(second)
+    assert set(environments(step_3)) == {WORKPLACE, UPPERCASE, FLAKY}
     rewards = [d[f"timing_s/nemo_gym/{WORKPLACE}/reward/max"] for d in _training_steps(first)]
     assert rewards[0] == 1.0  # the scripted reply to Carlos is what the environment's ground truth expects
+
+
+def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
+    """Step 3: FAIL_ONCE's first verify failed, was retried and trained; FAIL_FIRST_OF_2's first sample failed on
+    every try and was masked. Its sibling and every other row trained on verl's GRPO over the valid rows alone."""
+    spec, _, second, out, _ = runs
+    (step,) = _training_steps(second)
+    gym = f"timing_s/nemo_gym/{FLAKY}/"
+    counts = (step[f"{gym}episodes"], step[f"{gym}failed"], step[f"{gym}retried"], step[f"{gym}recovered"])
+    assert counts == (4.0, 1.0, 2.0, 1.0), {k: v for k, v in step.items() if k.startswith(gym)}
+    assert step["timing_s/nemo_gym/all/failed"] == 1
+    records = [json.loads(line) for line in (Path(out) / "advantages.jsonl").read_text().splitlines()]
+    assert len(records) == 3  # one per training step, in order
+    record = records[-1]
+    assert record["estimator"] == "nemo_gym_grpo"
+    uids, scores, valid = np.array(record["uid"], dtype=object), torch.tensor(record["score"]), record["valid"]
+    advantages = torch.tensor(record["advantage"])
+    assert valid.count(False) == 1
+    failed = valid.index(False)
+    assert advantages[failed] == 0.0 and scores[failed] == 0.0
+    keep = np.array(valid)
+    expected, _ = compute_grpo_outcome_advantage(
+        scores[keep].unsqueeze(-1), torch.ones(int(keep.sum()), 1), uids[keep], norm_adv_by_std_in_grpo=True
+    )
+    assert torch.allclose(advantages[keep], expected.squeeze(-1), atol=1e-6), (advantages, expected)
+    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [1, 2, 2, 2]  # every group trains
+    # verl's reward curve averages the seven valid episodes only; the failed one is among its aborted samples.
+    assert step["critic/score/mean"] == pytest.approx(scores[keep].mean().item(), abs=1e-6)
+    assert step["response/aborted_ratio"] == pytest.approx(1 / 8)
+    # The reward the user reads per environment leaves it out too: fail_on_request's mean is over its 3 valid
+    # episodes (the valid scores' sum, less the two other environments' 2 episodes each).
+    others = sum(2 * step[f"timing_s/nemo_gym/{env}/reward/mean"] for env in (WORKPLACE, UPPERCASE))
+    assert step[f"{gym}reward/mean"] == pytest.approx((scores[keep].sum().item() - others) / 3, abs=1e-5)
 
 
 def test_validation_runs_before_training_per_environment(runs):

@@ -12,7 +12,9 @@ costs minutes a test; this stand-in costs a second. Run as `JobSpec(trainer_modu
 - writes a file into its `TMPDIR` (the runner removes the folder), then prints the line the NeMo Gym manager prints
   when training is next (`NeMo Gym <version> ready in <n> s: agents [...]`);
 - waits until signalled. On SIGINT it stops as verl's driver does, by Python's KeyboardInterrupt (a traceback in its
-  output, exit status 1) after stopping its child; SIGKILL kills it outright.
+  output, exit status 1) after stopping its child; SIGKILL kills it outright;
+- or, once the file named by `$NG_STAND_IN_FINISH_FILE` exists, logs one step as verl's `file` logger does
+  (`$VERL_FILE_LOGGER_PATH`, one JSON line) and exits 0 as a finished training run does.
 
 The faults of the plugin itself (a Gym server or the policy server killed, bad rows) are still injected into a real
 `main_ppo` (tests/cpu/test_job_failures.py).
@@ -20,11 +22,18 @@ The faults of the plugin itself (a Gym server or the policy server killed, bad r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+FINISH_FILE_ENV = "NG_STAND_IN_FINISH_FILE"
+STEP_METRICS = {
+    "timing_s/nemo_gym/stand_in_simple_agent/episodes": 2.0,
+    "timing_s/nemo_gym/stand_in_simple_agent/reward/mean": 1.0,
+}
 
 # Like a Ray worker whose driver is gone: it ends once its parent has (it is then reparented), within a second.
 _CHILD = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.2)\n"
@@ -35,9 +44,12 @@ def main() -> None:
     with open(os.path.join(tempfile.gettempdir(), "stand_in_trainer.txt"), "w") as f:
         f.write("a file of the run's own\n")
     print("NeMo Gym 0.7.0 ready in 1 s: agents ['stand_in_simple_agent']; policy stand-in", flush=True)
+    finish = os.environ.get(FINISH_FILE_ENV)
     try:
-        while True:
+        while not (finish and os.path.exists(finish)):
             time.sleep(0.1)
+        with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
+            f.write(json.dumps({"step": 1, "data": STEP_METRICS}) + "\n")
     finally:
         child.terminate()
         child.wait()
