@@ -42,7 +42,7 @@ from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, spec_to_json
 from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
-from recipe.nemo_gym_testing.helpers import processes_with_env
+from recipe.nemo_gym_testing.helpers import GYM_ENVS, processes_with_env
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
 
@@ -196,7 +196,6 @@ def test_bad_rows_fail_before_step_1_listing_every_one_with_file_and_line(tmp_pa
 
 
 FLAKY_AGENT = "fail_on_request_simple_agent"
-GYM_ENVS = Path(__file__).parent / "gym_envs"
 FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / "fail_on_request.yaml"
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"

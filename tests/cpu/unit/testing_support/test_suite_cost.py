@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from recipe.nemo_gym_testing.helpers import REPO_ROOT
 from recipe.nemo_gym_testing.suite_cost import (
     GIB,
     ModuleCost,
@@ -66,8 +66,8 @@ def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folde
     RunCost("gym-0.7", 60.0, [ModuleCost("tests/cpu/test_a.py", "unit", 1, 2.0)]).write(tmp_path)
     sampler = subprocess.Popen(
         [sys.executable, "-m", "recipe.nemo_gym_testing.suite_cost", "sample", str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     deadline = time.monotonic() + 60
     while not (tmp_path / "memory.json").exists() and time.monotonic() < deadline:
