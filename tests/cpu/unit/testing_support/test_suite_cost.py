@@ -40,7 +40,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
             ModuleCost("tests/cpu/test_a.py", "unit", tests=10, seconds=30.0),
             ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=200.0),
             ModuleCost("tests/cpu/test_b.py", "unit", tests=2, seconds=1.0),
-            ModuleCost("tests/cpu/test_main_ppo.py", "e2e", tests=2, seconds=400.0),
+            ModuleCost("tests/cpu/e2e/test_main_ppo.py", "e2e", tests=2, seconds=400.0),
         ]),
         RunCost("gym-0.4", 120.0, [ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=110.0)]),
     ]  # fmt: skip
@@ -54,7 +54,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
     assert "  e2e            1 modules    2 tests    6.7 min" in text
     slowest = text.split("the 3 slowest modules:\n")[1].splitlines()[:3]
     assert slowest == [
-        "    400.0 s  gym-0.7: tests/cpu/test_main_ppo.py",
+        "    400.0 s  gym-0.7: tests/cpu/e2e/test_main_ppo.py",
         "    201.0 s  gym-0.7: tests/cpu/test_b.py",
         "    110.0 s  gym-0.4: tests/cpu/test_b.py",
     ]
