@@ -97,7 +97,7 @@ def configure_plugin_logging() -> None:
     (0.24) imports `model_hosting_container_standards` (0.1.16), whose import sets the root logger and its handlers
     to ERROR unless `LOG_LEVEL` or `SAGEMAKER_CONTAINER_LOG_LEVEL` is set (vllm-project/vllm#53655). Without this
     handler the progress lines and the start-up summary never reached the job's output
-    (tests/cpu/test_plugin_logging.py). Idempotent; called when the manager is built, not at import."""
+    (tests/cpu/unit/test_plugin_logging.py). Idempotent; called when the manager is built, not at import."""
     plugin = logging.getLogger(PLUGIN_LOGGER)
     if any(getattr(h, "_nemo_gym_plugin", False) for h in plugin.handlers):
         return

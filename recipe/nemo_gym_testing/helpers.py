@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Plain helpers shared by the test modules under tests/cpu (their pytest fixtures are in tests/cpu/conftest.py).
 
+- `REPO_ROOT`, `TESTS_CPU`, `GYM_ENVS`: the repository, the CPU suite's folder (its tiers are the folders `unit/`,
+  `integration/` and `e2e/` in it) and the suite's own NeMo Gym servers (`tests/cpu/gym_envs`), so that no test
+  module counts its folder's parents.
 - `free_port`: a TCP port free on 127.0.0.1 now.
 - `nemo_gym_processes`, `processes_with_env`, `alive`: process-list scans for what a test may have left running
   (found by psutil, not by the word of the code under test). They look only at processes marked as the test's
@@ -35,6 +38,9 @@ import psutil
 MATH_AGENT = "math_with_judge_simple_agent"
 WORKPLACE_AGENT = "workplace_assistant_simple_agent"
 VENV_BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TESTS_CPU = REPO_ROOT / "tests" / "cpu"
+GYM_ENVS = TESTS_CPU / "gym_envs"
 
 # ------------------------------------------------------------------------------------------ ports, processes
 

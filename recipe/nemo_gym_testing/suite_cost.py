@@ -11,7 +11,8 @@
 
 Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the job runner);
 `integration` starts a server, a stack, Ray or vLLM; `unit` runs pure code. Each test's time counts in its own
-tier, so a module with tests of two tiers is in both.
+tier (a module with tests of two tiers would be in both; in `tests/cpu` each tier is a folder, `unit/`,
+`integration/` and `e2e/`, so a module's path names its tier).
 """
 
 from __future__ import annotations

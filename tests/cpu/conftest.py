@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared fixtures of the CPU tests, the tiers, and `--shuffle SEED`.
 
-Tiers: a test that starts a server, a subprocess stack, Ray, a trainer or Slurm is marked `integration`; of those,
-the ones that run a training job (verl's `main_ppo`, a submit script, the job runner) are marked `e2e` too, here
-(`E2E_MODULES`, `pytest_itemcollected`). `-m "not integration"` selects the unit tier (pure code, no servers),
-`-m "integration and not e2e"` the integration tier, `-m e2e` the end-to-end tier.
+Tiers, one folder each: `unit/` (pure code, no servers; laid out as `recipe/nemo_gym/` is), `integration/` (a
+test starts a server, a subprocess stack, Ray or vLLM) and `e2e/` (it runs a training job: verl's `main_ppo`, a
+submit script, the job runner). Each module of `integration/` and `e2e/` is marked `integration`; the tests of
+`e2e/` are marked `e2e` too, here (`pytest_itemcollected`). So `-m "not integration"` selects the unit tier,
+`-m "integration and not e2e"` the integration tier, `-m e2e` the end-to-end tier, as the folders do.
 
 `--shuffle SEED` runs the modules in a random order and, within each module, the tests in a random order (a
 module's tests stay together, so its module-scoped fixtures are built once). The same seed gives the same order.
@@ -60,9 +61,9 @@ HEAVY_MODULES = (
     "test_attach.py",
 )
 HEAVY_GROUP = "heavy"
-# The modules that run a training job (verl's main_ppo, a submit script, the job runner): their integration tests
-# are marked `e2e` too (`pytest_collection_modifyitems`), the tier `-m e2e` selects.
-E2E_MODULES = frozenset({"test_main_ppo.py", "test_slurm.py", "test_attach_training.py", "test_job_failures.py"})
+# The folder of the modules that run a training job (verl's main_ppo, a submit script, the job runner): their
+# integration tests are marked `e2e` too (`pytest_itemcollected`), the tier `-m e2e` selects.
+E2E_FOLDER = "e2e"
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
 # with the most processes last. Measured: reliability 225 s, gym_runtime 120, multiturn_http 137, server_patch 89,
 # template_matrix 61, cpu_policy_server 49, example_environment 38.
@@ -202,7 +203,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """The e2e mark (before `-m` selects)."""
-    if item.path.name in E2E_MODULES and item.get_closest_marker("integration") is not None:
+    if item.path.parent.name == E2E_FOLDER and item.get_closest_marker("integration") is not None:
         item.add_marker(pytest.mark.e2e)
 
 

@@ -4,7 +4,7 @@
 # verl's real vLLM rollouts) on one GPU, once with FSDP and once with Megatron, with NeMo Gym's math_with_judge
 # and workplace_assistant environments (recipe/nemo_gym/configs/multienv.yaml) and the tiny random-weight Qwen3
 # model, launched through submit_multienv.sh exactly as a user would (local mode: no Slurm). It is the
-# main_ppo command the CPU tests run (tests/cpu/test_main_ppo.py), with verl's vLLM instead of the CPU backend.
+# main_ppo command the CPU tests run (tests/cpu/e2e/test_main_ppo.py), with verl's vLLM instead of the CPU backend.
 # Each console log must show, on every step: a finite loss, a reward, episodes collected, zero episodes with
 # broken token contiguity; the actor-vs-rollout probability gap (training/rollout_probs_diff_max) is reported.
 #

@@ -15,12 +15,19 @@ completion is generated one token per character, so re-tokenising any turn gives
 
 `tools_and_games_policy` plays `configs/tools_and_games.yaml`'s environments: the weather rows call `get_weather`
 and answer once its result is in (reward 1); blackjack hits once, then stands (the game's own cards decide).
+
+`server_test_policy` is the script of the CPU policy server's own tests (its pure functions in
+`tests/cpu/unit/testing_support/test_cpu_policy_server_units.py`, the server over HTTP in
+`tests/cpu/integration/test_cpu_policy_server.py`): a greeting one token per character, a weather tool call with
+its reasoning (`SERVER_TEST_TOOL_CALL`), the answer after the tool's result on another stop token, explicit token
+IDs; the tiny model for everything else.
 """
 
 from __future__ import annotations
 
 import json
 
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 
 CARLOS_REPLY = {"email_id": "00000057", "body": "Thanks for the update - I will get back to you tomorrow."}
@@ -89,4 +96,38 @@ def tools_and_games_policy() -> ScriptedPolicy:
                 completion=_say(WEATHER_CALL),
             ),
         ]
+    )
+
+
+SERVER_TEST_TOOL_CALL = (
+    "<think>\nI need the weather.\n</think>\n\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+
+
+def server_test_policy() -> ScriptedPolicy:
+    return ScriptedPolicy(
+        fallback="model",
+        rules=[
+            ScriptRule(
+                name="greet-by-char",
+                when=ScriptMatch(last_message_regex=r"^user\nhello"),
+                completion=ScriptCompletion(text="Hello there!", split="char"),
+            ),
+            ScriptRule(
+                name="weather-tool",
+                when=ScriptMatch(last_message_regex=r"weather", assistant_turns=0),
+                completion=ScriptCompletion(text=SERVER_TEST_TOOL_CALL),
+            ),
+            ScriptRule(
+                name="after-tool",
+                when=ScriptMatch(last_message_regex=r"<tool_response>", assistant_turns=1),
+                completion=ScriptCompletion(text="It is sunny.", end="stop_token", stop_token_id=ENDOFTEXT),
+            ),
+            ScriptRule(
+                name="explicit-ids",
+                when=ScriptMatch(prompt_regex=r"say ids"),
+                completion=ScriptCompletion(token_ids=[9707, 11, 1879], end="length", logprobs=[-0.5, -0.25, -0.125]),
+            ),
+        ],
     )

@@ -17,7 +17,7 @@ costs minutes a test; this stand-in costs a second. Run as `JobSpec(trainer_modu
   (`$VERL_FILE_LOGGER_PATH`, one JSON line) and exits 0 as a finished training run does.
 
 The faults of the plugin itself (a Gym server or the policy server killed, bad rows) are still injected into a real
-`main_ppo` (tests/cpu/test_job_failures.py).
+`main_ppo` (tests/cpu/e2e/test_job_failures.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 environments report when their infrastructure fails (`mask_sample`, `failure_kind`; e.g. `nemo_gym.judge` for an
 unavailable judge): on a row whose prompt holds MASKME. Other rows get reward 1.
 
-NeMo Gym starts it as a script in its own process; tests/cpu/test_gym_runtime.py runs it from this folder.
+NeMo Gym starts it as a script in its own process; tests/cpu/integration/test_gym_runtime.py runs it from this folder.
 """
 
 from nemo_gym.base_resources_server import (

@@ -15,14 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
 from recipe.nemo_gym.gym.watchdog import Watchdog
-from recipe.nemo_gym_testing.helpers import alive
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from recipe.nemo_gym_testing.helpers import REPO_ROOT, alive
 
 TRAINER = r"""
 import json, subprocess, sys, time

@@ -215,7 +215,7 @@ def test_a_failed_training_episode_moves_no_advantage_and_no_score_in_verls_own_
     advantages = merged.batch["advantages"]
     assert torch.count_nonzero(advantages[:2]) == 0  # the failed group
     # q4 and q5 score the same twice each (the fake environment's reward is the row's number / 10): GRPO gives 0.
-    # (Siblings of a failed row are checked in tests/cpu/test_advantages.py and in test_job_failures' trainer run.)
+    # (Siblings of a failed row are checked in tests/cpu/unit/test_advantages.py and in test_job_failures' trainer run.)
     assert torch.count_nonzero(advantages[2:]) == 0
     metrics = compute_data_metrics(merged, use_critic=False)
     assert metrics["critic/score/mean"] == pytest.approx((0.4 + 0.4 + 0.5 + 0.5) / 4)

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reliability of a rollout: dead policy server, splice refusals, the failure budget, bad agents, over-long prompts.
 
-Two layers:
-- pure functions and the batch core (`server_error_cause`, `context_overflow_failure`, `PolicyWatch`,
-  `probe_policy_server`, `run_examples_in_order`) on exact inputs, real sockets and error bodies captured from
-  the running stack;
+Two layers (the pure functions, `server_error_cause`, `context_overflow_failure` and `PolicyWatch`, on exact inputs
+and error bodies captured from the running stack, are tested in `tests/cpu/unit/gym/test_reliability_units.py`):
+- the batch core (`probe_policy_server`, `run_examples_in_order`) on real sockets and HTTP servers;
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
   workplace servers. The batches with injected faults (the failure budget's mixed batch) run against the
   hand-written CPU policy server (vLLM 0.24's OpenAI app with the splice patch, engine replaced by a script): vLLM's
@@ -31,225 +30,21 @@ import torch
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.collect import run_examples_in_order
-from recipe.nemo_gym.gym.errors import GymConfigError, PolicyServerUnreachable
-from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, policy_health_url, probe_policy_server
-from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_cause, server_error_failure
-from recipe.nemo_gym.gym.spec import GymServersSpec
-from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
-from recipe.nemo_gym.splice.eos_splice import TurnCountMismatch, splice_prompt_ids
+from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, probe_policy_server
 from recipe.nemo_gym_testing.cpu_policy import harness
+from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.helpers import MATH_AGENT as MATH
+from recipe.nemo_gym_testing.helpers import WORKPLACE_AGENT as WORKPLACE
 from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row, workplace_row
-from recipe.nemo_gym_testing.results import synthetic_result
 
-MATH = "math_with_judge_simple_agent"
-WORKPLACE = "workplace_assistant_simple_agent"
-EOS = 151645
-SPLICE_PREFIX = "token-exact splice refused: "
+pytestmark = pytest.mark.integration
+
 PROMPT_LENGTH = 6144
 RESPONSE_LENGTH = 1024
 
-# --------------------------------------------------------------------------------------- captured bodies
-
-# The body of a workplace row's `/run` (HTTP 500) when the splice patch refused the second model call (the
-# policy's first generation held an EOS in its middle), captured from this file's stack: vLLM's 400, wrapped
-# by NeMo Gym's model server and agent (each hop `repr`s the inner body). Kept as captured: SpliceError's message
-# prefix (SPLICE_PREFIX), which the runtime recognises a refusal by, came later: the relay test rebuilds this body
-# from today's message without it, and the classification tests read the bodies today's messages make.
-REAL_REFUSAL_BODY = '"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___workplace_assistant_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"rule 2 (unedited history) failed: the model\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s own tokens hold 4 EOS token(s) (3 before the generation\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\'s end, generation ended on EOS) but the history rendered up to that turn holds 3; the history was edited after the model produced it (truncated, summarised, or a turn split or merged)\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
-# The body of a math row's `/run` when the policy's completion carried a NaN log-prob: vLLM's server cannot
-# encode the response and answers 400 with the JSON encoder's message; NeMo Gym relays it the same way.
-REAL_NAN_BODY = '"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\'\\"Hit an exception in SimpleAgent___math_with_judge_simple_agent calling an inner server: b\\\\\'\\\\\\\\\\"Hit an exception in VLLMModel___policy_model calling an inner server: b\\\\\\\\\\\\\\\\\\\\\'{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"error\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":{\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"message\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"Out of range float values are not JSON compliant: nan\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"type\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"BadRequestError\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\",\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"param\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":null,\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\"code\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\":400}}\\\\\\\\\\\\\\\\\\\\\'\\\\\\\\\\"\\\\\'\\"\'"'  # noqa: E501 - byte-exact capture
-
-
-def nemo_gym_relay(inner: bytes, hops: list[str]) -> str:
-    """What NeMo Gym 0.4.0's exception middleware makes of an inner server's error body at each hop."""
-    body = inner
-    for key in hops:
-        body = json.dumps(f"Hit an exception in {key} calling an inner server: {body}").encode()
-    return body.decode()
-
-
-def vllm_400(message: str) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}},
-        separators=(",", ":"),
-    ).encode()
-
-
-def hops(agent: str) -> list[str]:
-    """The servers an error passes on its way out, innermost first (the agent's middleware wraps it twice)."""
-    return ["VLLMModel___policy_model", f"SimpleAgent___{agent}", f"SimpleAgent___{agent}"]
-
-
-def splice_refusals() -> dict[str, str]:
-    """The message of each of the splice's rules, produced by `recipe.nemo_gym.splice` itself."""
-    messages = {}
-    cases = {
-        "rule 1": lambda: splice_prompt_ids([1, 2], [1, 2], [1, 2, 3], eos_token_id=EOS),
-        "rule 2": lambda: splice_prompt_ids([1, EOS, 2, EOS], [1, EOS], [1, EOS, 3], eos_token_id=EOS),
-        "rule 3": lambda: splice_prompt_ids([1, EOS], [1, EOS, 2, EOS], [1, EOS], eos_token_id=EOS),
-        "one message per generation": lambda: find_true_prefix(
-            [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": "a", "prompt_token_ids": [1], "generation_token_ids": [2]},
-                {"role": "assistant", "content": "b"},
-            ]
-        ),
-    }
-    for name, call in cases.items():
-        with pytest.raises(SpliceError) as err:
-            call()
-        messages[name] = str(err.value)
-    return messages
-
-
-# --------------------------------------------------------------------------- failure causes of error bodies
-
-
-def captured_refusal() -> SpliceError:
-    """The refusal of REAL_REFUSAL_BODY, raised again: 4 EOS in the model's tokens, 3 in the render. The capture
-    predates rule 2's explained causes (`eos_splice.explain_turn_count`), so its cause text is given as it was."""
-    with pytest.raises(TurnCountMismatch) as err:
-        splice_prompt_ids([EOS, EOS, EOS, 1, EOS], [EOS, EOS, EOS], [EOS] * 4, eos_token_id=EOS)
-    old_cause = "the history was edited after the model produced it (truncated, summarised, or a turn split or merged)"
-    return TurnCountMismatch(err.value.m, err.value.ended_on_eos, err.value.n, old_cause)
-
-
-def test_real_splice_refusal_relayed_by_nemo_gym_is_contiguity_broken_with_a_readable_detail():
-    body = nemo_gym_relay(vllm_400(str(captured_refusal())), hops(WORKPLACE))
-    assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN
-    failure = server_error_failure(3, WORKPLACE, 500, body.encode())
-    assert failure.cause is FailureCause.CONTIGUITY_BROKEN and failure.row == 3
-    assert failure.detail == (
-        f"agent {WORKPLACE!r} /run returned HTTP 500: the policy server refused the chat history (token-exact "
-        "splice): rule 2 (unedited history) failed: the model's own tokens hold 4 EOS token(s) (3 before the "
-        "generation's end, generation ended on EOS) but the history rendered up to that turn holds 3; the history "
-        "was edited after the model produced it (truncated, summarised, or a turn split or merged)"
-    )
-
-
-def test_every_splice_rule_refusal_is_contiguity_broken_after_nemo_gyms_relay():
-    refusals = splice_refusals()
-    assert len(refusals) == 4
-    for name, message in refusals.items():
-        body = nemo_gym_relay(vllm_400(message), hops(WORKPLACE))
-        assert server_error_cause(body) is FailureCause.CONTIGUITY_BROKEN, name
-        detail = server_error_failure(0, WORKPLACE, 500, body).detail
-        assert "refused the chat history (token-exact splice): rule " in detail, name
-
-
-def test_relay_written_here_reproduces_the_captured_bodies_byte_for_byte():
-    """So the bodies built for the rules the stack was not driven into are what the stack would send."""
-    message = str(captured_refusal())
-    assert message.startswith(SPLICE_PREFIX)
-    assert nemo_gym_relay(vllm_400(message.removeprefix(SPLICE_PREFIX)), hops(WORKPLACE)) == REAL_REFUSAL_BODY
-    nan_message = "Out of range float values are not JSON compliant: nan"
-    assert nemo_gym_relay(vllm_400(nan_message), hops(MATH)) == REAL_NAN_BODY
-
-
-def test_real_nan_log_prob_body_is_non_finite_logprob():
-    assert server_error_cause(REAL_NAN_BODY) is FailureCause.NON_FINITE_LOGPROB
-    failure = server_error_failure(1, MATH, 500, REAL_NAN_BODY)
-    assert failure == EpisodeFailure(
-        FailureCause.NON_FINITE_LOGPROB,
-        f"agent {MATH!r} /run returned HTTP 500: the policy server could not send a non-finite log-prob: "
-        "Out of range float values are not JSON compliant: nan",
-        row=1,
-    )
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        '{"object":"error","message":"policy exploded","code":500}',
-        "Internal Server Error",
-        "",
-        nemo_gym_relay(b'{"detail":"the rule of thumb failed"}', hops(MATH)),  # "rule" without a splice rule's shape
-    ],
-)
-def test_other_error_bodies_stay_server_errors_cut_to_500_characters(body):
-    assert server_error_cause(body) is FailureCause.SERVER_ERROR
-    failure = server_error_failure(2, MATH, 500, body + "x" * 600)
-    assert failure.cause is FailureCause.SERVER_ERROR
-    assert failure.detail == f"agent {MATH!r} /run returned HTTP 500: {(body + 'x' * 600)[:500]}..."
-
-
-def test_result_refused_as_over_the_context_is_prompt_too_long_and_a_cut_episode_is_not():
-    # The shape NeMo Gym's model server gives an over-context first call: an empty message, cut on length.
-    overflow = synthetic_result([([1], [2], [-0.1])], reward=0.0, agent_name=MATH)
-    overflow["response"]["output"] = [
-        {
-            "id": "msg_0",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "", "annotations": []}],
-        }
-    ]
-    overflow["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
-    assert context_overflow_failure(6, overflow) == EpisodeFailure(
-        FailureCause.PROMPT_TOO_LONG,
-        "the policy server refused the first model call as longer than the model's context (NeMo Gym's model "
-        "server answered it as an empty turn cut on length); shorten the prompt or raise the context length",
-        row=6,
-    )
-
-    cut = synthetic_result([([1, 2], [3, 4], [-0.1, -0.2])], reward=0.0)
-    cut["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
-    assert context_overflow_failure(0, cut) is None  # generated tokens: an ordinary episode cut on length
-    assert context_overflow_failure(0, synthetic_result([([1], [2], [-0.1])])) is None
-    no_tokens = json.loads(json.dumps(overflow))
-    no_tokens["response"]["incomplete_details"] = None
-    assert context_overflow_failure(0, no_tokens) is None  # left to packing: MISSING_GENERATION
-    assert context_overflow_failure(0, {"response": None}) is None
-
-
-# ---------------------------------------------------------------------------------------- policy health
-
-
-def test_policy_health_url_is_the_servers_root_health():
-    assert policy_health_url("http://10.0.0.1:8000/v1") == "http://10.0.0.1:8000/health"
-    assert policy_health_url("http://10.0.0.1:8000/v1/") == "http://10.0.0.1:8000/health"
-    assert policy_health_url("https://host/prefix") == "https://host/prefix/health"
-
-
-def test_spec_rejects_bad_policy_health_settings():
-    base = {"config_paths": ("x.yaml",), "policy_base_urls": ("http://h:1/v1",), "policy_model_name": "m"}
-    with pytest.raises(
-        GymConfigError, match="policy_health_failures: Input should be greater than or equal to 1, got 0"
-    ):
-        GymServersSpec(**base, policy_health_failures=0)
-    with pytest.raises(GymConfigError, match="policy_health_timeout_s: Input should be greater than 0"):
-        GymServersSpec(**base, policy_health_timeout_s=0)
-
-
-def test_policy_watch_aborts_only_after_consecutive_failures_and_names_the_server():
-    a, b = "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"
-    watch = PolicyWatch([a, b], timeout_s=10.0, max_failures=3)
-
-    def down(url: str) -> ProbeResult:
-        return ProbeResult(url, False, "cannot connect (Connection refused)")
-
-    def up(url: str) -> ProbeResult:
-        return ProbeResult(url, True, "HTTP 200")
-
-    watch.record([down(a), up(b)], now=100.0)
-    watch.record([down(a), down(b)], now=101.0)
-    watch.record([up(a), down(b)], now=102.0)  # a answers: its count starts again
-    assert watch.failures == {a: 0, b: 2}
-    watch.record([down(a), up(b)], now=103.0)
-    watch.record([down(a), down(b)], now=104.5)
-    assert watch.failures == {a: 2, b: 1}
-    with pytest.raises(PolicyServerUnreachable) as err:
-        watch.record([down(a), down(b)], now=106.0)
-    assert err.value.servers == (a,)
-    assert str(err.value) == (
-        f"policy server {a} did not answer GET http://10.0.0.1:8000/health 3 times in a row over 3.0s "
-        "(last: cannot connect (Connection refused))"
-    )
-    assert watch.probes == 6
+# --------------------------------------------------------------------------------------------- policy health
 
 
 class HealthServer:
@@ -281,7 +76,6 @@ class HealthServer:
         self.server.server_close()
 
 
-@pytest.mark.integration
 def test_probe_tells_refused_and_silent_servers_from_slow_or_failing_ones():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -309,7 +103,6 @@ def test_probe_tells_refused_and_silent_servers_from_slow_or_failing_ones():
     assert answered == ProbeResult(slow.base_url, True, "HTTP 503")
 
 
-@pytest.mark.integration
 def test_batch_waiting_on_a_policy_server_that_stops_answering_is_aborted_naming_it():
     """The batch core with the real watch and real probes: slow-but-alive never aborts; a dead server does."""
     server = HealthServer(status=200, delay_s=0.15)
@@ -519,7 +312,6 @@ def below_budget(stacks, stack):
     return cache["below_budget"]
 
 
-@pytest.mark.integration
 def test_failed_rows_are_masked_with_reward_zero_and_the_rest_train(below_budget):
     output, _, stats = below_budget
     assert len(output) == len(MIXED)
@@ -536,7 +328,6 @@ def test_failed_rows_are_masked_with_reward_zero_and_the_rest_train(below_budget
     assert [scores[INDEX[n]].sum().item() for n in ("good_math", "good_math_2")] == [1.0, 1.0]
 
 
-@pytest.mark.integration
 def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
     output, _, _ = below_budget
     timing = output.meta_info["timing"]
@@ -558,7 +349,6 @@ def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
     assert timing[f"nemo_gym/{MATH}/failed/prompt_too_long"] == 2
 
 
-@pytest.mark.integration
 def test_each_failure_says_what_the_stack_did(below_budget):
     _, results, _ = below_budget
     by_name = dict(zip(MIXED, results, strict=True))
@@ -575,7 +365,6 @@ def test_each_failure_says_what_the_stack_did(below_budget):
     assert isinstance(by_name["over_prompt_length"], dict) and isinstance(by_name["huge_logprob"], dict)
 
 
-@pytest.mark.integration
 def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, below_budget):
     manager = stack["manager"]
     manager.budget = FailureBudget(0.5)
@@ -609,7 +398,6 @@ def _chat_requests(stack) -> int:
     )
 
 
-@pytest.mark.integration
 def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(verl_stack):
     stack = verl_stack
     manager = stack["manager"]
@@ -632,7 +420,6 @@ def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_ru
     assert _chat_requests(stack) == sent_before + 2
 
 
-@pytest.mark.integration
 def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(verl_stack):
     """verl's own `_validate` over three rows, one of which fails: one failure of three is within the default 5%
     budget (rounded up to one episode), the five padded rows send nothing, and the failure reaches val-aux."""
@@ -659,7 +446,6 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
     assert metrics[f"val-aux/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
 
 
-@pytest.mark.integration
 def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_verl_stack):
     """Kills verl's vLLM server actor. Requests wait on a live, paused server; then it dies."""
     import urllib.request

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from recipe.nemo_gym_testing.helpers import REPO_ROOT
 from recipe.nemo_gym_testing.suite_cost import (
     GIB,
     ModuleCost,
@@ -40,7 +40,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
             ModuleCost("tests/cpu/test_a.py", "unit", tests=10, seconds=30.0),
             ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=200.0),
             ModuleCost("tests/cpu/test_b.py", "unit", tests=2, seconds=1.0),
-            ModuleCost("tests/cpu/test_main_ppo.py", "e2e", tests=2, seconds=400.0),
+            ModuleCost("tests/cpu/e2e/test_main_ppo.py", "e2e", tests=2, seconds=400.0),
         ]),
         RunCost("gym-0.4", 120.0, [ModuleCost("tests/cpu/test_b.py", "integration", tests=3, seconds=110.0)]),
     ]  # fmt: skip
@@ -54,7 +54,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
     assert "  e2e            1 modules    2 tests    6.7 min" in text
     slowest = text.split("the 3 slowest modules:\n")[1].splitlines()[:3]
     assert slowest == [
-        "    400.0 s  gym-0.7: tests/cpu/test_main_ppo.py",
+        "    400.0 s  gym-0.7: tests/cpu/e2e/test_main_ppo.py",
         "    201.0 s  gym-0.7: tests/cpu/test_b.py",
         "    110.0 s  gym-0.4: tests/cpu/test_b.py",
     ]
@@ -66,8 +66,8 @@ def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folde
     RunCost("gym-0.7", 60.0, [ModuleCost("tests/cpu/test_a.py", "unit", 1, 2.0)]).write(tmp_path)
     sampler = subprocess.Popen(
         [sys.executable, "-m", "recipe.nemo_gym_testing.suite_cost", "sample", str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     deadline = time.monotonic() + 60
     while not (tmp_path / "memory.json").exists() and time.monotonic() < deadline:

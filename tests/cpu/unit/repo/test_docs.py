@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"
@@ -357,19 +358,20 @@ RUN_HERE: dict[str, tuple[set[int], str]] = {
 
 # Commands shown that no test runs as shown, each with the reason (a regular expression over the command).
 NOT_RUN: dict[str, str] = {
-    r"\./run_demo\.sh": "the main job on CPU (8 steps, minutes); tests/cpu/test_main_ppo.py runs the same job runner "
-    "(`run_job`) on the same blend",
+    r"\./run_demo\.sh": "the main job on CPU (8 steps, minutes); tests/cpu/e2e/test_main_ppo.py runs the same job "
+    "runner (`run_job`) on the same blend",
     r"\./run_tests\.sh .+": "CI's command (.ci/run runs ./run_tests.sh) with pytest arguments, passed to pytest",
-    r"\.venv/bin/python -m pytest tests/cpu/\S+": "one module of the suite ./run_tests.sh runs",
+    r"\.venv/bin/python -m pytest tests/cpu/\S+(?: -n \d+)?": "one module or one tier's folder of the suite "
+    "./run_tests.sh runs",
     r"cp config\.env\.example config\.env": "copies the template; the tests write config.env files of their own",
-    r"(?:[A-Z_]+=\S+ )*sbatch .+": "needs a Slurm cluster (GPUs for training jobs); tests/cpu/test_slurm.py submits "
-    "submit_multienv.sh with sbatch to a private one-node CPU cluster",
+    r"(?:[A-Z_]+=\S+ )*sbatch .+": "needs a Slurm cluster (GPUs for training jobs); tests/cpu/e2e/test_slurm.py "
+    "submits submit_multienv.sh with sbatch to a private one-node CPU cluster",
     r"PYTHONPATH=\$REPO:\$PYTHONPATH VERL_USE_EXTERNAL_MODULES=recipe\.nemo_gym\.vllm_plugin python -m "
     r"verl\.trainer\.main_ppo .+": "the README's command 'in essence' (`...` for the job's own settings): "
-    "tests/cpu/test_verl_overrides.py checks that it carries every plugin override; the submit scripts run it",
+    "tests/cpu/unit/test_verl_overrides.py checks that it carries every plugin override; the submit scripts run it",
     r"srun \.venv-gym/bin/gym env start .+": "attach mode's Gym job (Slurm): "
     "test_attach_command_shown_is_the_one_test_support_runs checks it against external_gym.attach_command, which "
-    "tests/cpu/test_attach.py runs",
+    "tests/cpu/integration/test_attach.py runs",
 }
 
 

@@ -38,10 +38,11 @@ import psutil
 import pytest
 
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+from recipe.nemo_gym_testing.helpers import TESTS_CPU
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent
 SUBMIT = REPO / "submit_multienv.sh"
 CPU_BACKEND = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
@@ -49,7 +50,7 @@ JOB_MARKER = "NG_SLURM_TEST_JOB"
 
 
 def _load_harness():
-    spec = importlib.util.spec_from_file_location("ng_slurm_cluster", Path(__file__).with_name("slurm_cluster.py"))
+    spec = importlib.util.spec_from_file_location("ng_slurm_cluster", TESTS_CPU / "slurm_cluster.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -24,9 +24,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
 from recipe.nemo_gym_testing.helpers import VENV_BIN, dry_run_overrides, run_script, write_config
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"math": REPO / "submit_math.sh", "multienv": REPO / "submit_multienv.sh"}
 SHELL_FILES = [
     REPO / "submit_math.sh",

@@ -10,13 +10,11 @@ example environment's `requirements.txt` (NeMo Gym reads it), which names the ne
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 from recipe.nemo_gym.vllm_build import locked_versions
 from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
 from recipe.nemo_gym_testing.cpu_training.patches import VLLM_CPU_CHECKED
-
-REPO = Path(__file__).resolve().parents[2]
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
 
 
 def locked() -> dict[str, str]:

@@ -48,7 +48,7 @@ from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
 from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
-from recipe.nemo_gym_testing.helpers import processes_with_env
+from recipe.nemo_gym_testing.helpers import GYM_ENVS, processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
@@ -56,7 +56,6 @@ WORKPLACE = "workplace_assistant_simple_agent"
 MATH = "math_with_judge_simple_agent"
 UPPERCASE = "uppercase_share_simple_agent"
 FLAKY = "fail_on_request_simple_agent"
-GYM_ENVS = Path(__file__).parent / "gym_envs"
 FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / "fail_on_request.yaml"
 SCRIPTED_TOOLS = ("company_directory_find_email_address", "email_reply_email")
 UPPERCASE_ANSWER_TOKENS = 32  # sampled answers; every token of them is trained, so they set the step's cost

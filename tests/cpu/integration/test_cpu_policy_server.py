@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CPU policy server: scripted completions (pure functions) and vLLM 0.24's own OpenAI server over HTTP.
+"""The CPU policy server: vLLM 0.24's own OpenAI server over HTTP, playing `server_test_policy`
+(`cpu_policy/episodes.py`). Its scripted completions' pure functions are tested in
+`tests/cpu/unit/testing_support/test_cpu_policy_server_units.py`.
 
 One server process serves the whole module (start-up imports vLLM, about 30 s). It runs with
 `--no-splice-patch` and vLLM's `qwen3` reasoning parser, a script for the scripted tests and the tiny model as
@@ -20,153 +22,23 @@ import aiohttp
 import pytest
 import torch
 
+from recipe.nemo_gym_testing.cpu_policy.episodes import SERVER_TEST_TOOL_CALL as TOOL_CALL_TEXT
+from recipe.nemo_gym_testing.cpu_policy.episodes import server_test_policy
 from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.script import (
-    ScriptCompletion,
-    ScriptedPolicy,
-    ScriptMatch,
-    ScriptRule,
-    char_split,
-    choose_rule,
-    cut_at_stop_string,
-    default_logprob,
-    describe_no_match,
-    scripted_output,
-    view_prompt,
-)
+from recipe.nemo_gym_testing.cpu_policy.script import default_logprob
 from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError, group_members
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.helpers import SharedStack
 
+pytestmark = pytest.mark.integration
+
 SERVED_NAME = "policy-under-test"
-TOOL_CALL_TEXT = (
-    "<think>\nI need the weather.\n</think>\n\n"
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-)
 NEMO_GYM_LOGPROBS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True}
 # With vLLM's qwen3 reasoning parser, output with no </think> is all reasoning unless thinking is off.
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
-POLICY = ScriptedPolicy(
-    fallback="model",
-    rules=[
-        ScriptRule(
-            name="greet-by-char",
-            when=ScriptMatch(last_message_regex=r"^user\nhello"),
-            completion=ScriptCompletion(text="Hello there!", split="char"),
-        ),
-        ScriptRule(
-            name="weather-tool",
-            when=ScriptMatch(last_message_regex=r"weather", assistant_turns=0),
-            completion=ScriptCompletion(text=TOOL_CALL_TEXT),
-        ),
-        ScriptRule(
-            name="after-tool",
-            when=ScriptMatch(last_message_regex=r"<tool_response>", assistant_turns=1),
-            completion=ScriptCompletion(text="It is sunny.", end="stop_token", stop_token_id=ENDOFTEXT),
-        ),
-        ScriptRule(
-            name="explicit-ids",
-            when=ScriptMatch(prompt_regex=r"say ids"),
-            completion=ScriptCompletion(token_ids=[9707, 11, 1879], end="length", logprobs=[-0.5, -0.25, -0.125]),
-        ),
-    ],
-)
-
-
-# -- pure functions -------------------------------------------------------------------------------------------
-
-
-def test_view_prompt_finds_last_complete_message_and_counts_assistant_turns():
-    text = (
-        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
-    view = view_prompt(text, "<|im_start|>", "<|im_end|>", "assistant")
-    assert view.last_message == "user\n<tool_response>\nx\n</tool_response>"
-    assert view.assistant_turns == 1
-
-
-def test_choose_rule_takes_the_first_rule_whose_conditions_all_hold():
-    prompt = "<|im_start|>user\nhello weather<|im_end|>\n<|im_start|>assistant\n"
-    assert choose_rule(POLICY, prompt).name == "greet-by-char"
-    assert choose_rule(POLICY, prompt.replace("hello ", "")).name == "weather-tool"
-    assert choose_rule(POLICY, "<|im_start|>user\nnothing<|im_end|>\n<|im_start|>assistant\n") is None
-
-
-def test_char_split_keeps_added_tokens_whole():
-    vocab = {"<tool_call>": 100, "</tool_call>": 101}
-    ids = char_split("a<tool_call>b</tool_call>", lambda s: [ord(s)], vocab)
-    assert ids == [97, 100, 98, 101]
-
-
-def test_scripted_output_ends_and_max_tokens_cut():
-    def encode(text):
-        return [ord(c) for c in text]
-
-    eos = scripted_output(ScriptCompletion(text="abc"), encode=encode, added_vocab={}, eos_token_id=9, max_tokens=10)
-    assert eos.token_ids == [97, 98, 99, 9] and eos.finish_reason == "stop" and eos.stop_reason is None
-    assert eos.logprobs == [default_logprob(t, i) for i, t in enumerate([97, 98, 99, 9])]
-    assert eos.logprobs[0] == -(1 + 97 % 50) / 100
-
-    stop = scripted_output(
-        ScriptCompletion(text="ab", end="stop_token", stop_token_id=7),
-        encode=encode,
-        added_vocab={},
-        eos_token_id=9,
-        max_tokens=10,
-    )
-    assert stop.token_ids == [97, 98, 7] and stop.finish_reason == "stop" and stop.stop_reason == 7
-
-    length = scripted_output(
-        ScriptCompletion(text="ab", end="length"), encode=encode, added_vocab={}, eos_token_id=9, max_tokens=10
-    )
-    assert length.token_ids == [97, 98] and length.finish_reason == "length"
-
-    cut = scripted_output(ScriptCompletion(text="abc"), encode=encode, added_vocab={}, eos_token_id=9, max_tokens=2)
-    assert cut.token_ids == [97, 98] and cut.finish_reason == "length" and cut.stop_reason is None
-
-
-def test_scripted_output_rejects_logprob_count_mismatch():
-    with pytest.raises(ValueError, match="3 tokens .* 2 log-probs"):
-        scripted_output(
-            ScriptCompletion(token_ids=[1, 2], logprobs=[-1.0, -1.0]),
-            encode=lambda s: [],
-            added_vocab={},
-            eos_token_id=9,
-            max_tokens=10,
-        )
-
-
-def test_policy_round_trips_through_json_including_non_finite_logprobs(tmp_path):
-    policy = ScriptedPolicy(
-        rules=[ScriptRule(completion=ScriptCompletion(token_ids=[5], logprobs=[float("nan"), 0.0]))]
-    )
-    loaded = ScriptedPolicy.from_file(policy.to_file(tmp_path / "p.json"))
-    assert math.isnan(loaded.rules[0].completion.logprobs[0]) and loaded.rules[0].completion.token_ids == [5]
-    (tmp_path / "bad.json").write_text('{"rules": [{"completion": {"text": "a", "token_ids": [1]}}]}')
-    with pytest.raises(ValueError, match=r"(?s)bad\.json.*rules\.0\.completion.*exactly one of `text` and `token_ids`"):
-        ScriptedPolicy.from_file(tmp_path / "bad.json")
-
-
-def test_cut_at_stop_string_keeps_the_completing_token():
-    def decode(ids):
-        return "".join(chr(i) for i in ids)
-
-    ids = [ord(c) for c in "abXYcd"]
-    assert cut_at_stop_string(ids, ["XY", "c"], False, decode) == (4, "ab", "XY")
-    assert cut_at_stop_string(ids, ["XY"], True, decode) == (4, "abXY", "XY")
-    assert cut_at_stop_string(ids, ["zz"], False, decode) is None
-
-
-def test_no_match_message_names_request_rules_and_prompt_tail():
-    end = "<|im_start|>user\nodd<|im_end|>"
-    message = describe_no_match(POLICY, "chatcmpl-42", "x" * 400 + end)
-    assert "request chatcmpl-42" in message
-    assert "(rules: greet-by-char, weather-tool, after-tool, explicit-ids)" in message
-    # The last 300 characters of the prompt, repr-quoted.
-    assert message.endswith("prompt tail: '..." + "x" * (300 - len(end)) + "<|im_start|>user\\nodd<|im_end|>'")
+POLICY = server_test_policy()
 
 
 # -- the server over HTTP ---------------------------------------------------------------------------------------
@@ -217,14 +89,12 @@ def generated_ids(choice: dict) -> list[int]:
     return [int(t.removeprefix("token_id:")) for t in tokens]
 
 
-@pytest.mark.integration
 def test_models_lists_the_served_name(server):
     with urllib.request.urlopen(f"{server.base_url}/models", timeout=30) as resp:
         models = json.loads(resp.read())
     assert [m["id"] for m in models["data"]] == [SERVED_NAME]
 
 
-@pytest.mark.integration
 def test_char_split_completion_carries_one_token_per_character(server, tokenizer):
     choice = chat(server, [{"role": "user", "content": "hello"}], **NO_THINKING)["choices"][0]
     expected = [tokenizer.encode(c, add_special_tokens=False)[0] for c in "Hello there!"] + [IM_END]
@@ -237,7 +107,6 @@ def test_char_split_completion_carries_one_token_per_character(server, tokenizer
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] is None
 
 
-@pytest.mark.integration
 def test_scripted_tool_call_is_parsed_into_tool_calls_and_reasoning(server, tokenizer):
     choice = chat(server, [{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER_TOOL])[
         "choices"
@@ -250,7 +119,6 @@ def test_scripted_tool_call_is_parsed_into_tool_calls_and_reasoning(server, toke
     assert generated_ids(choice) == tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False) + [IM_END]
 
 
-@pytest.mark.integration
 def test_second_turn_rule_ends_on_a_different_stop_token(server, tokenizer):
     messages = [
         {"role": "user", "content": "What is the weather in Paris?"},
@@ -269,7 +137,6 @@ def test_second_turn_rule_ends_on_a_different_stop_token(server, tokenizer):
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == ENDOFTEXT
 
 
-@pytest.mark.integration
 def test_explicit_ids_with_length_end_and_max_tokens_cut(server):
     whole = chat(server, [{"role": "user", "content": "say ids"}])["choices"][0]
     assert generated_ids(whole) == [9707, 11, 1879]
@@ -279,7 +146,6 @@ def test_explicit_ids_with_length_end_and_max_tokens_cut(server):
     assert len(generated_ids(cut)) == 3 and cut["finish_reason"] == "length" and cut["message"]["content"] == "Hel"
 
 
-@pytest.mark.integration
 def test_tokenize_with_messages_equals_apply_chat_template(server, tokenizer):
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -291,7 +157,6 @@ def test_tokenize_with_messages_equals_apply_chat_template(server, tokenizer):
     assert tokens == expected
 
 
-@pytest.mark.integration
 def test_tiny_model_generates_through_http_as_the_sampler_does_locally(server, tokenizer):
     messages = [{"role": "user", "content": "Tell me something."}]
     first = chat(server, messages, max_tokens=8, temperature=0)["choices"][0]
@@ -310,7 +175,6 @@ def test_tiny_model_generates_through_http_as_the_sampler_does_locally(server, t
     assert generated_ids(seeded[0]) == generated_ids(seeded[1])
 
 
-@pytest.mark.integration
 def test_hundred_concurrent_requests_all_complete(server, tokenizer):
     async def run() -> list[dict]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -332,7 +196,6 @@ def test_hundred_concurrent_requests_all_complete(server, tokenizer):
     assert all(generated_ids(r["choices"][0]) == expected for r in results)
 
 
-@pytest.mark.integration
 def test_stop_terminates_the_whole_process_group(own_server):
     server = own_server
     pgid = server.pgid
@@ -347,7 +210,6 @@ def test_stop_terminates_the_whole_process_group(own_server):
 # -- start-up failures --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_startup_with_a_bad_model_dir_fails_fast_with_the_child_output(tmp_path):
     started = time.monotonic()
     server = CPUPolicyServer(tmp_path / "no-such-model", splice_patch=False, startup_timeout_s=60)
@@ -357,7 +219,6 @@ def test_startup_with_a_bad_model_dir_fails_fast_with_the_child_output(tmp_path)
     assert server.proc is None
 
 
-@pytest.mark.integration
 def test_startup_past_the_deadline_is_killed_with_its_log_tail():
     server = CPUPolicyServer(tiny_qwen3_dir(), splice_patch=False, startup_timeout_s=3, grace_s=5)
     started = time.monotonic()

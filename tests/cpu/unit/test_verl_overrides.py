@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, main, plugin_overrides
+from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
 from recipe.nemo_gym_testing.helpers import dry_run_overrides, write_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():

@@ -2,7 +2,7 @@
 """Retries of failed episodes inside one batch (`gym.collect.run_examples_in_order`, `failures.retries`).
 
 `post_run` here is a scripted coroutine standing in for the HTTP post to an agent's `/run` (the function the batch
-loop is given); the real post runs against NeMo Gym's servers in tests/cpu/test_job_failures.py.
+loop is given); the real post runs against NeMo Gym's servers in tests/cpu/e2e/test_job_failures.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plugin YAML: shipped configs load, bad keys and unset variables are named."""
 
-from pathlib import Path
-
 import pytest
 
 from recipe.nemo_gym.config import ConfigError, load_config
+from recipe.nemo_gym_testing.helpers import REPO_ROOT
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "nemo_gym" / "configs"
+CONFIG_DIR = REPO_ROOT / "recipe" / "nemo_gym" / "configs"
 
 
 @pytest.mark.parametrize("name", ["math", "workplace", "multienv"])

@@ -20,6 +20,7 @@ from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
 
 from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset, NeMoGymRowError, validate_row
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
+from recipe.nemo_gym_testing.helpers import REPO_ROOT
 
 
 def row(i: int, agent: str = "math_with_judge", prompt=None) -> dict:
@@ -104,7 +105,7 @@ def test_verls_collate_and_dataproto_take_dataset_items(tmp_path):
 
 
 def test_verl_loads_the_class_through_data_custom_cls(tmp_path):
-    module = Path(__file__).resolve().parents[2] / "recipe" / "nemo_gym" / "dataset.py"
+    module = REPO_ROOT / "recipe" / "nemo_gym" / "dataset.py"
     config = OmegaConf.create({"custom_cls": {"path": str(module), "name": "NeMoGymJSONLDataset"}})
     cls = get_dataset_class(config)
     assert cls.__name__ == "NeMoGymJSONLDataset"
