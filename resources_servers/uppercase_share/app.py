@@ -24,7 +24,7 @@ root.
 This file imports nothing from the plugin: NeMo Gym starts it as a script in its own process.
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -83,6 +83,8 @@ class UppercaseShareResourcesServer(SimpleResourcesServer):
     """Grades an episode by the share of capitals in the answer. Stateless: no tools, no session."""
 
     config: UppercaseShareResourcesServerConfig
+    # No Ray in this server: NeMo Gym 0.7 then skips connecting it to its Ray cluster (0.4 ignores the key).
+    ray_enabled: ClassVar[bool] = False
 
     async def verify(self, body: BaseVerifyRequest) -> UppercaseShareVerifyResponse:
         uppercase, counted = count_uppercase(response_text(body.response))

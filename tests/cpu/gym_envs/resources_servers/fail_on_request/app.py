@@ -16,6 +16,7 @@ import asyncio
 import random
 import re
 from collections import defaultdict
+from typing import ClassVar
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -35,6 +36,8 @@ class FailOnRequestConfig(BaseResourcesServerConfig):
 
 class FailOnRequestServer(SimpleResourcesServer):
     config: FailOnRequestConfig
+    # No Ray in this server: NeMo Gym 0.7 then skips connecting it to its Ray cluster (0.4 ignores the key).
+    ray_enabled: ClassVar[bool] = False
     _calls: dict = PrivateAttr(default_factory=lambda: defaultdict(int))
     _arrived: dict = PrivateAttr(default_factory=lambda: defaultdict(asyncio.Event))
 

@@ -6,6 +6,8 @@ unavailable judge): on a row whose prompt holds MASKME. Other rows get reward 1.
 NeMo Gym starts it as a script in its own process; tests/cpu/integration/test_gym_runtime.py runs it from this folder.
 """
 
+from typing import ClassVar
+
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseVerifyRequest,
@@ -20,6 +22,8 @@ class MaskOnRequestConfig(BaseResourcesServerConfig):
 
 class MaskOnRequestServer(SimpleResourcesServer):
     config: MaskOnRequestConfig
+    # No Ray in this server: NeMo Gym 0.7 then skips connecting it to its Ray cluster (0.4 ignores the key).
+    ray_enabled: ClassVar[bool] = False
 
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
         prompt = " ".join(str(item.get("content")) for item in body.responses_create_params.model_dump()["input"])
