@@ -40,12 +40,13 @@ from pathlib import Path
 import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 766 s, slurm 524, attach 991 (600 of
-# them a test waiting on engines Ray's memory monitor had killed: it ran beside test_reliability's engine); earlier
-# runs: load 622, attach_training 152, job_failures about 900 (six small jobs; four since two tests use a stand-in
-# trainer), manager_exit 295, end_to_end 205, more_environments ~150. The five after job_failures share one verl vLLM
-# server (the `shared_engine` fixture, about 150 s to start), so they come together: the engine lives only while
-# they run. test_attach (two engines of its own, ~9 GB) comes last, when the other worker has finished.
+# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 738 s (its two runs), job_failures
+# 809 (three real jobs; its three tests of the job runner itself use a stand-in trainer), slurm 528, load 506,
+# attach 378, manager_exit 318 (with the shared engine's start), attach_training 272, end_to_end_gym_0_4 167,
+# end_to_end 101, more_environments 94. The five after attach_training share one verl vLLM server (the
+# `shared_engine` fixture, about 150 s to start), so they come together: the engine lives only while they run.
+# test_attach (two engines of its own, ~9 GB) comes last, when the other worker has finished: beside
+# test_reliability's engine, Ray's memory monitor killed its engines (attach 991 s, 600 of them waiting).
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm.py",
