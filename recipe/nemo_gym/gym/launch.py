@@ -10,7 +10,9 @@ Contract:
   is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). It returns once
   the head server lists the servers and every one answers HTTP, within
   `spec.startup_timeout_s`. If the launcher or a server dies, or the deadline passes, everything started is
-  stopped and the error names what failed and shows the last lines of its log.
+  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
+  once and within the same deadline: Gym's launcher ending because its own Ray missed Ray's fixed start-up deadline
+  (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here: the head server's `/server_instances` and `/global_config_dict_yaml`
   (`client.HeadClient`) give every server's URL and process, and rows are posted to `/run` over HTTP.
 - `loop` is the caller's `BackgroundLoop` (in production the agent loop manager's), borrowed, never created or
@@ -83,6 +85,14 @@ JOB_CONFIG = "verl_job.yaml"
 _POLL_S = 1.0
 # How Gym's launcher names a server whose process ended during start-up (RunHelper.poll, 0.4.0 and 0.7.0).
 _FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
+# Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
+# ray/_private/node.py, Ray 2.60; not configurable). Gym's launcher starts a Ray of its own and exits with it.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def missed_ray_start(error: BaseException) -> bool:
+    """Whether a start-up failure is Gym's launcher ending on Ray's start-up deadline (its log tail, in the message)."""
+    return isinstance(error, GymServerDied) and LAUNCHER in error.servers and RAY_START_TIMEOUT in str(error)
 
 
 def port_holder(host: str, port: int) -> str | None:
@@ -164,7 +174,23 @@ class GymRuntime(GymConnection):
         """Start Gym and wait until every server answers; on any failure nothing started is left running.
 
         `loop` is the event loop every `collect` will run on (see the module docstring); it is not used to start.
+        A launcher that ended on Ray's start-up deadline is started once more, within the same deadline.
         """
+        deadline = time.monotonic() + spec.startup_timeout_s
+        try:
+            return cls._start_once(spec, loop, deadline)
+        except GymServerDied as e:
+            if not missed_ray_start(e):
+                raise
+            logger.warning(
+                "NeMo Gym's launcher ended because its Ray missed Ray's 30 s start-up deadline (%r; a busy node); "
+                "starting NeMo Gym once more",
+                RAY_START_TIMEOUT,
+            )
+        return cls._start_once(spec, loop, deadline)
+
+    @classmethod
+    def _start_once(cls, spec: GymServersSpec, loop: BackgroundLoop, deadline: float) -> GymRuntime:
         environment = inspect_environment(locate_environment(spec.environment))
         seams.check_config_paths(spec.all_config_paths, Path.cwd(), environment.install_root)
         with LIVE_LOCK:
@@ -174,13 +200,13 @@ class GymRuntime(GymConnection):
             LIVE.add(runtime)
         install_exit_hooks()
         try:
-            runtime._start()
+            runtime._start(deadline)
         except BaseException:
             runtime.shutdown()
             raise
         return runtime
 
-    def _start(self) -> None:
+    def _start(self, deadline: float) -> None:
         t0 = time.monotonic()
         spec, environment = self.spec, self.environment
         assert environment is not None
@@ -219,7 +245,7 @@ class GymRuntime(GymConnection):
             "NeMo Gym %s starting from %s (pid %d, log %s)",
             environment.version, environment.python, launcher.pid, self.launcher_log,
         )  # fmt: skip
-        self._wait_until_ready(deadline=t0 + spec.startup_timeout_s)
+        self._wait_until_ready(deadline)
         self.startup_s = time.monotonic() - t0
         logger.info("NeMo Gym %s: %d servers ready in %.1fs", environment.version, len(self.servers), self.startup_s)
 

@@ -22,8 +22,9 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.client import RunTarget, instances_from_json, pairing_problems, run_targets
 from recipe.nemo_gym.gym.collect import run_examples_in_order, validate_examples
-from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, HeadPortInUseError
-from recipe.nemo_gym.gym.launch import check_port_free
+from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout, HeadPortInUseError
+from recipe.nemo_gym.gym.health import LAUNCHER
+from recipe.nemo_gym.gym.launch import GymRuntime, check_port_free, missed_ray_start
 from recipe.nemo_gym.gym.seams import (
     check_config_paths,
     extra_roots,
@@ -427,3 +428,76 @@ def test_an_agent_its_resources_server_does_not_accept_is_named_and_gyms_waiver_
         "agent 'judge_simple_agent' runs 'simple_agent', but its resources server 'judge' accepts only: react_agent"
     ]
     assert pairing_problems(config | {"allow_unsupported_pairing": True}) == []
+
+
+# The launcher's log tail as the plugin quotes it when Gym's own Ray missed Ray's start-up deadline (seen in a
+# suite run on 2 busy cores: NeMo Gym 0.7.0, Ray 2.60).
+RAY_MISSED = (
+    "NeMo Gym's launcher ended during start-up: it exited with code 1.\n--- last lines of gym_launcher.log ---\n"
+    "    ray.init(**ray_init_kwargs)\nException: The current node timed out during startup. This could happen "
+    "because some of the raylet failed to startup or the GCS has become overloaded."
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (GymServerDied(RAY_MISSED, [LAUNCHER]), True),
+        (GymServerDied("NeMo Gym's launcher ended during start-up: it exited with code 1.", [LAUNCHER]), False),
+        (GymServerDied(RAY_MISSED, ["math_with_judge"]), False),  # a server of its own, not Gym's Ray
+        (GymStartTimeout(RAY_MISSED, ["head_server"]), False),
+    ],
+)
+def test_only_a_launcher_ended_by_rays_start_up_deadline_counts_as_a_missed_ray_start(error, retried) -> None:
+    assert missed_ray_start(error) is retried
+
+
+def _retry_spec() -> GymServersSpec:
+    return GymServersSpec(
+        config_paths=(str(MATH),),
+        policy_base_urls=("http://127.0.0.1:1/v1",),
+        policy_model_name="policy",
+        startup_timeout_s=60,
+    )
+
+
+def _start_attempts(monkeypatch, outcomes: list) -> list[float]:
+    """Replace one start attempt (`GymRuntime._start_once`) by `outcomes` in turn; the deadlines it was given."""
+    deadlines = []
+
+    def start_once(cls, spec, loop, deadline):
+        deadlines.append(deadline)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(GymRuntime, "_start_once", classmethod(start_once))
+    return deadlines
+
+
+def test_a_launcher_ended_by_rays_start_up_deadline_is_started_once_more_within_the_same_deadline(
+    monkeypatch, plugin_caplog
+) -> None:
+    started = object()
+    deadlines = _start_attempts(monkeypatch, [GymServerDied(RAY_MISSED, [LAUNCHER]), started])
+    spec = _retry_spec()
+    t0 = time.monotonic()
+    assert GymRuntime.start(spec, loop=None) is started
+    assert len(deadlines) == 2 and deadlines[0] == deadlines[1] and t0 + 59 < deadlines[0] <= time.monotonic() + 60
+    assert "starting NeMo Gym once more" in plugin_caplog.text
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        GymServerDied(RAY_MISSED, [LAUNCHER]),  # twice in a row: the second failure is the caller's
+        GymServerDied("NeMo Gym server(s) ['math_with_judge'] died during start-up.", ["math_with_judge"]),
+    ],
+)
+def test_any_other_start_up_failure_or_a_second_one_is_raised(monkeypatch, first) -> None:
+    deadlines = _start_attempts(monkeypatch, [first, GymServerDied(RAY_MISSED, [LAUNCHER])])
+    spec = _retry_spec()
+    with pytest.raises(GymServerDied):
+        GymRuntime.start(spec, loop=None)
+    assert len(deadlines) == (2 if missed_ray_start(first) else 1)
