@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failure_cause import failure_cause
+from recipe.nemo_gym.gym.launch import RAY_START_TIMEOUT
 from recipe.nemo_gym.leftovers import remove_leftovers
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
@@ -254,9 +255,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# Ray 2.60 gives a new local node a fixed 30 s to register with its GCS (`ray/_private/node.py`, not
-# configurable); on a 2-core machine busy with other work it sometimes misses that, before verl has done anything.
-RAY_START_TIMEOUT = "The current node timed out during startup"
+# Ray 2.60 gives a new local node a fixed 30 s to register with its GCS (`RAY_START_TIMEOUT`, the message NeMo
+# Gym's start retries on too); on a 2-core machine busy with other work it sometimes misses that, before verl has
+# done anything.
 
 
 def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: float = 3600.0) -> JobResult:
