@@ -58,7 +58,7 @@ from verl.utils.ray_utils import auto_await
 
 from recipe.nemo_gym.advantages import FAILURE_AWARE, plain_estimator_warning, register_failure_aware_estimators
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
-from recipe.nemo_gym.data_check import DataFilesError, check_data_files
+from recipe.nemo_gym.data_check import DataFilesError, check_data_files, configured_files
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
@@ -198,14 +198,11 @@ class NeMoGymAgentLoopManager:
     def _check_data_files(self) -> None:
         """Every row of verl's data files, before step 1 (`data_check.py`): all bad rows raised at once."""
         data = self.config.get("data") or {}
-        # A file given as both training and validation data is read once: each bad row is reported once.
-        paths = list(dict.fromkeys(str(p) for key in ("train_files", "val_files") for p in _as_list(data.get(key))))
+        paths, missing = configured_files(data)
         # In `main_ppo` verl's dataset has opened every file before this runs; a missing one means the manager runs
         # without verl's trainer (a benchmark, a test) and its config names verl's placeholder files.
-        missing = [p for p in paths if not os.path.isfile(os.path.expanduser(p))]
         if missing:
             logger.warning("NeMo Gym: data files not found, not checked: %s", missing)
-        paths = [os.path.expanduser(p) for p in paths if p not in missing]
         if not paths:
             return
         started = time.perf_counter()
@@ -378,13 +375,6 @@ def _adv_estimator(config: Any) -> str:
     algorithm = config.get("algorithm") if hasattr(config, "get") else None
     name = algorithm.get("adv_estimator") if algorithm is not None else None
     return str(getattr(name, "value", name or ""))
-
-
-def _as_list(files: Any) -> list[Any]:
-    """verl's `data.train_files`: one path or a list of them (a ListConfig from Hydra); None is none."""
-    if files is None:
-        return []
-    return [files] if isinstance(files, str | os.PathLike) else list(files)
 
 
 def _node_ip() -> str:

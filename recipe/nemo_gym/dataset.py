@@ -20,10 +20,12 @@ reads and parses one row, validates it and returns what verl's `collate_fn` and 
 Rows are validated on access: the line must be a JSON object with a non-empty `responses_create_params.input`
 (string or list) and a non-empty string `agent_ref.name`; otherwise `NeMoGymRowError` names the file and the
 1-based line. Whether the agent exists is the manager's check; `agent_names_seen` holds the names of rows
-read so far in this process. Rows without `agent_ref` (such as the example data NeMo Gym ships, which get theirs
-at data preparation) can be given one with `+data.default_agent_name=<agent>`: like NeMo Gym's own
-`+agent_name`, it fills in only rows that name none. Only local files are read (verl's hdfs copy is not
-supported).
+read so far in this process. In a job (`data.nemo_gym_config` names the plugin YAML, as the recipe's overrides
+do), construction also checks every row of verl's `data.train_files` and `data.val_files` before verl starts its
+workers, and raises `DataFilesError` listing every bad one (`data_check.check_before_workers`).
+Rows without `agent_ref` (such as the example data NeMo Gym ships, which get theirs at data preparation) can be
+given one with `+data.default_agent_name=<agent>`: like NeMo Gym's own `+agent_name`, it fills in only rows that
+name none. Only local files are read (verl's hdfs copy is not supported).
 
 `max_samples` follows verl's `RLHFDataset`: a positive value below the row count keeps the first rows, or a
 random subset when `config.shuffle` is set, drawn with `config.seed` (0 when unset, so the subset is always
@@ -44,9 +46,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from recipe.nemo_gym.data_check import check_before_workers, validate_row
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
 
-__all__ = ["ROW_KEY", "NeMoGymJSONLDataset", "NeMoGymRowError", "validate_row"]
+__all__ = ["ROW_KEY", "NeMoGymJSONLDataset", "NeMoGymRowError"]
 
 ROW_KEY = "nemo_gym_row"
 
@@ -59,23 +62,6 @@ class NeMoGymRowError(ValueError):
         self.path = path
         self.line = line
         self.problem = problem
-
-
-def validate_row(row: Any) -> str:
-    """Check a parsed row's shape; return its agent name or raise `ValueError` saying what is wrong."""
-    if not isinstance(row, dict):
-        raise ValueError(f"row is a JSON {type(row).__name__}, not an object")
-    params = row.get("responses_create_params")
-    if not isinstance(params, Mapping):
-        raise ValueError("row has no 'responses_create_params' object")
-    prompt = params.get("input")
-    if not isinstance(prompt, str | list) or not prompt:
-        raise ValueError("responses_create_params.input is missing or empty (expected a string or a list of items)")
-    agent_ref = row.get("agent_ref")
-    name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise ValueError("row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)")
-    return name
 
 
 def prompt_messages(row: Mapping[str, Any]) -> list[Any]:
@@ -133,6 +119,8 @@ class NeMoGymJSONLDataset(Dataset):
         self.agent_names_seen: set[str] = set()
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
+        # In a job, before verl starts a worker: every row of the training and validation files (`data_check.py`).
+        check_before_workers(config)
 
     def __len__(self) -> int:
         return self._total if self._selection is None else len(self._selection)

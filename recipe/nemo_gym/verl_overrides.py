@@ -4,8 +4,9 @@
 `plugin_overrides(agent_loop_config_path)` is what every job of this recipe passes to verl 0.9.1, whatever its
 model, sizes or cluster: the legacy trainer (the one whose agent loop manager can be replaced), GRPO over the
 episodes that did not fail (`nemo_gym_grpo`, registered by the manager: `advantages.py`), the
-multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset, no
-reward workers, and vLLM's tool-call parsing. The environment's reward is the reward (`rm_scores`, packed by the
+multi-turn async rollout with rollout log-probs, the NeMo Gym manager and its YAML, the lazy JSONL dataset (told
+the same YAML, so that it checks every row before verl starts its workers: `data_check.py`), no reward workers, and
+vLLM's tool-call parsing. The environment's reward is the reward (`rm_scores`, packed by the
 manager), so verl 0.9.1's `RewardLoopWorker` actors (8 by default, each a Python process importing verl and torch,
 about 1 GB) would never be called: `reward.num_workers=0` starts none (verl's V0 trainer calls them only to score
 a batch that has no `rm_scores`, and hands their list to the manager, which ignores it).
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from recipe.nemo_gym.data_check import PLUGIN_CONFIG_KEY
 
 MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NeMoGymAgentLoopManager"
 VLLM_PLUGIN_MODULE = "recipe.nemo_gym.vllm_plugin"
@@ -59,6 +62,7 @@ def plugin_overrides(
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}",
         f"data.custom_cls.path=pkg://{DATASET_MODULE}",
         f"data.custom_cls.name={DATASET_CLASS}",
+        f"+data.{PLUGIN_CONFIG_KEY}={agent_loop_config_path}",
         *tools,
     ]
 

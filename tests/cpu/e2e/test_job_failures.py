@@ -158,13 +158,10 @@ def _kill_processes(marker: str, needle: str) -> list[int]:
     return killed
 
 
-def test_bad_rows_fail_before_step_1_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
+def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
     rows = [json.dumps(row) for row in _rows(32)]  # every row of uppercase_share's training file
     rows[6] = rows[6][:-5]  # line 7: cut short
     rows[11] = json.dumps({"agent_ref": {"name": UPPERCASE}})  # line 12: no responses_create_params
-    unknown = json.loads(rows[19])
-    unknown["agent_ref"] = {"name": "wordle_simple_agent"}
-    rows[19] = json.dumps(unknown)  # line 20: an agent no configured environment serves
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(rows) + "\n")
     before = _job_temp_folders()
@@ -176,15 +173,14 @@ def test_bad_rows_fail_before_step_1_listing_every_one_with_file_and_line(tmp_pa
     assert cause[0].startswith("main_ppo failed with exit status 1 after "), job.console()
     # verl's val_files is the same file: it is read once, and each bad row listed once (not once per sample).
     assert cause[1] == (
-        f"  DataFilesError: 3 of 32 rows in {train} cannot be trained on; nothing was trained. Fix or remove them:"
+        f"  DataFilesError: 2 of 32 rows in {train} cannot be trained on; nothing was trained. Fix or remove them:"
     ), job.console()
     assert cause[2].startswith(f"    {train}:7: invalid JSON: ")
     assert cause[3] == f"    {train}:12: row has no 'responses_create_params' object"
-    assert cause[4] == (
-        f"    {train}:20: agent_ref.name 'wordle_simple_agent' is not an agent of the configured environments "
-        f"['{UPPERCASE}']"
-    )
     assert cause[-1] == f"full log: {job.spec.log_file}"
+    # Refused as verl built its dataset: no worker, vLLM server or NeMo Gym was started.
+    log = job.spec.log_file.read_text(errors="replace")
+    assert "TaskRunner" in log and "WorkerDict" not in log and "vLLMHttpServer" not in log, log[-3000:]
     assert job.left_behind() == []
     assert _job_temp_folders() <= before
 

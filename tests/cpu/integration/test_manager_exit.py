@@ -9,6 +9,9 @@ training batch (so NeMo Gym's HTTP session exists), records the pids of every Ne
 - `task_runner`: as verl's `main_ppo` runs it, the manager lives in a Ray actor (the TaskRunner) that nothing
   terminates; the driver gets the actor's result and exits, and Ray then ends the actor (SIGTERM, then SIGKILL
   about 0.1 s later: no atexit runs in the actor).
+
+And a start that fails after NeMo Gym is up stops it before it raises: here, in the test's own process, a data row
+naming an agent the running Gym does not serve (the check only a running Gym can make, `data_check.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.nemo_gym.data_check import DataFilesError
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
@@ -111,13 +115,10 @@ class ChildRun:
     exited: float  # time.monotonic() when the child had exited
 
 
-def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
-    """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
-    process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
-    model_dir, address, script_file = policy
-    port = free_port()
-    logs = f"  log_dir: {tmp_path / 'gym_logs'}\n" if log_dir else ""
-    (tmp_path / "plugin.yaml").write_text(
+def write_plugin_yaml(path: Path, port: int, log_dir: Path | None = None) -> Path:
+    """NeMo Gym's math environment, its head server on `port` (the tests find its processes by it)."""
+    logs = f"  log_dir: {log_dir}\n" if log_dir else ""
+    path.write_text(
         f"""
 nemo_gym:
   config_paths:
@@ -127,6 +128,15 @@ nemo_gym:
 {logs}timeouts: {{startup_s: 600, batch_s: 300}}
 """
     )
+    return path
+
+
+def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
+    """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
+    process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
+    model_dir, address, script_file = policy
+    port = free_port()
+    write_plugin_yaml(tmp_path / "plugin.yaml", port, tmp_path / "gym_logs" if log_dir else None)
     rows = [scripted_row(math_row(q), script_file) for q in ("What is 2+2?", "What is 3+1?")]
     harness.write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
@@ -192,3 +202,31 @@ def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_
     worker_logs = list(ray_dir.glob(f"session_*/logs/worker-*-{actor_pid}.err"))
     assert worker_logs, "the actor's stderr log was not found"
     assert problem_lines(worker_logs[0].read_text(errors="replace")) == [], worker_logs[0].read_text()[-5000:]
+
+
+def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and_gym_is_stopped(
+    tmp_path, shared_engine
+):
+    port = free_port()
+    plugin = write_plugin_yaml(tmp_path / "plugin.yaml", port)
+    unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
+    data = harness.write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
+    sizes = {"prompt_length": 1024, "response_length": 64, "n": 1, "batch_size": 2}
+    overrides = [
+        *harness.cpu_trainer_overrides(tiny_qwen3_dir(), plugin, **sizes),
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]",
+    ]
+    # The dataset's own check, as verl builds it, passes (JSON and fields); the manager's, once Gym runs, does not.
+    with pytest.raises(DataFilesError) as raised:
+        with harness.manager_stack(tiny_qwen3_dir(), overrides, data, None, engine=shared_engine):
+            pass
+    assert str(raised.value).splitlines() == [
+        f"1 of 2 rows in {data} cannot be trained on; nothing was trained. Fix or remove them:",
+        f"  {data}:2: agent_ref.name 'wordle_simple_agent' is not an agent of the configured environments "
+        "['math_with_judge_simple_agent']",
+    ]
+    deadline = time.monotonic() + 10
+    while nemo_gym_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert nemo_gym_processes(port) == []

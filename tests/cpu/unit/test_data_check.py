@@ -1,11 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`check_data_files`: every row of the data files checked at once, each bad row named by file and editor line."""
+"""`check_data_files`: every row of the data files checked at once, each bad row named by file and editor line;
+`check_before_workers`: the same over verl's configured files, when verl builds the dataset."""
 
 from __future__ import annotations
 
 import json
 
-from recipe.nemo_gym.data_check import MAX_LISTED, BadRow, DataCheck, DataFilesError, check_data_files
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from recipe.nemo_gym.config import ConfigError
+from recipe.nemo_gym.data_check import (
+    MAX_LISTED,
+    PLUGIN_CONFIG_KEY,
+    BadRow,
+    DataCheck,
+    DataFilesError,
+    check_before_workers,
+    check_data_files,
+    configured_files,
+)
 
 AGENTS = {"math_with_judge_simple_agent", "uppercase_share_simple_agent"}
 
@@ -90,3 +105,70 @@ def test_bytes_that_are_not_utf8_are_a_bad_row_not_a_crash(tmp_path):
     assert check_data_files([path], AGENTS).bad == (
         BadRow(str(path), 2, "not UTF-8: 'utf-8' codec can't decode byte 0xff in position 7: invalid start byte"),
     )
+
+
+# ------------------------------------------------------------- when verl builds the dataset, before its workers
+
+
+def _plugin_yaml(tmp_path, check_rows: bool = True):
+    path = tmp_path / "plugin.yaml"
+    path.write_text(yaml.safe_dump({"nemo_gym": {"config_paths": ["a.yaml"]}, "data": {"check_rows": check_rows}}))
+    return path
+
+
+def test_before_workers_every_configured_row_is_checked_once_and_every_bad_one_listed(tmp_path):
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text(_row() + "\n{cut short\n" + _row("an_agent_only_gym_knows") + "\n")
+    val.write_text(json.dumps({"agent_ref": {"name": "x"}}) + "\n")
+    data = OmegaConf.create(  # as verl hands its data config to the dataset; the training file is named twice
+        {
+            "train_files": [str(train)],
+            "val_files": [str(val), str(train)],
+            PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path)),
+        }
+    )
+    with pytest.raises(DataFilesError) as raised:
+        check_before_workers(data)
+    assert str(raised.value).splitlines() == [
+        f"2 of 4 rows in {train}, {val} cannot be trained on; nothing was trained. Fix or remove them:",
+        f"  {train}:2: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        f"  {val}:1: row has no 'responses_create_params' object",
+    ]  # the agent no configured environment may serve is the manager's check, once NeMo Gym runs
+
+
+def test_before_workers_files_that_passed_are_not_read_again_until_they_change(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(_row() + "\n" + _row() + "\n")
+    data = {"train_files": str(train), "val_files": str(train), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path))}
+    assert check_before_workers(data) == DataCheck(rows=2, bad=())
+    assert check_before_workers(data) is None  # the validation dataset, built next from the same config
+    train.write_text(_row() + "\n[]\n")
+    with pytest.raises(DataFilesError, match=r"1 of 2 rows"):
+        check_before_workers(data)
+
+
+def test_before_workers_nothing_is_read_without_the_plugin_yaml_or_with_check_rows_off(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text("{cut short\n")
+    assert check_before_workers(None) is None
+    assert check_before_workers({"train_files": str(train)}) is None
+    off = {"train_files": str(train), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path, check_rows=False))}
+    assert check_before_workers(off) is None
+
+
+def test_before_workers_a_missing_file_is_left_to_the_dataset_that_opens_it(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(_row() + "\n")
+    missing = tmp_path / "val.jsonl"
+    data = {"train_files": str(train), "val_files": str(missing), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path))}
+    assert configured_files(data) == ([str(train)], [str(missing)])
+    assert check_before_workers(data) == DataCheck(rows=1, bad=())
+
+
+def test_before_workers_a_bad_plugin_yaml_is_named_before_anything_starts(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(_row() + "\n")
+    bad = tmp_path / "plugin.yaml"
+    bad.write_text("data:\n  check_rows: maybe\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: .*data.check_rows"):
+        check_before_workers({"train_files": str(train), PLUGIN_CONFIG_KEY: str(bad)})

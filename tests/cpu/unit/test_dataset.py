@@ -16,10 +16,13 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from verl.protocol import DataProto
+from verl.trainer.ppo.utils import create_rl_dataset
 from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
 
-from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset, NeMoGymRowError, validate_row
+from recipe.nemo_gym.data_check import DataFilesError, validate_row
+from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset, NeMoGymRowError
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
+from recipe.nemo_gym.verl_overrides import plugin_overrides
 from recipe.nemo_gym_testing.helpers import REPO_ROOT
 
 
@@ -111,6 +114,23 @@ def test_verl_loads_the_class_through_data_custom_cls(tmp_path):
     assert cls.__name__ == "NeMoGymJSONLDataset"
     path = write(tmp_path / "a.jsonl", [row(0)])
     assert cls(data_files=[str(path)], tokenizer=None, processor=None, config=config, max_samples=-1)[0]["index"] == 0
+
+
+def test_in_a_job_verl_building_the_dataset_refuses_every_bad_row_of_train_and_val_files(tmp_path):
+    """`main_ppo` builds the datasets before it starts a worker: with the recipe's overrides (the plugin YAML named
+    in `data.nemo_gym_config`) every row of both files is checked then, as verl builds the training dataset."""
+    train = write(tmp_path / "train.jsonl", [row(0), "{cut short", row(2)])
+    val = write(tmp_path / "val.jsonl", [row(3), {"agent_ref": {"name": "env1"}}])
+    plugin = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "uppercase.yaml"
+    dataset_keys = [o for o in plugin_overrides(plugin) if o.lstrip("+").startswith("data.")]
+    cli = OmegaConf.from_dotlist([o.lstrip("+") for o in dataset_keys] + [f"data.train_files={train}"])
+    data = OmegaConf.merge(cli.data, {"val_files": [str(val)]})
+    with pytest.raises(DataFilesError) as raised:
+        create_rl_dataset(data.train_files, data, None, None, is_train=True)
+    assert str(raised.value).splitlines()[1:] == [
+        f"  {train}:2: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        f"  {val}:2: row has no 'responses_create_params' object",
+    ]
 
 
 def test_rows_from_several_files_are_concatenated_in_file_order(tmp_path):
