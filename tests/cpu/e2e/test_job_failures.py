@@ -9,8 +9,9 @@ process (found by a marker in the environment every process of the job inherits)
 run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation. The job runner's own
 semantics (Ctrl-C, a trainer killed by a signal, a second job refused on a folder in use, a finished run's last
 line) are tested against a stand-in that behaves like `main_ppo` for the runner (`cpu_training/stand_in_trainer.py`);
-the plugin's own faults, against the real trainer. The failure-neutral step (a failed episode changes no statistic)
-is carried by `test_main_ppo.py`'s run.
+the plugin's own faults, against the real trainer: bad rows, and the policy server killed. A NeMo Gym server killed
+while training is `test_slurm.py`'s real job, under Slurm; the failure-neutral step (a failed episode changes no
+statistic) is carried by `test_main_ppo.py`'s run.
 """
 
 from __future__ import annotations
@@ -199,14 +200,6 @@ def _kill_while_training(tmp_path: Path, plugin_yaml: Path, tag: str, needle: st
     assert tail[-1] == f"full log: {job.spec.log_file}", job.console()
     assert job.left_behind() == []
     return job, "\n".join(tail[failed + 1 : -1])
-
-
-def test_a_nemo_gym_server_killed_while_training_ends_the_job_naming_it(tmp_path, plugin_yaml):
-    job, cause = _kill_while_training(tmp_path, plugin_yaml, "gym-server", "uppercase_share")
-    first, second = cause.splitlines()[:2]
-    assert first.startswith("  RolloutAborted: NeMo Gym server(s) ['uppercase_share"), job.console()
-    assert "died with" in first
-    assert second.startswith("  NeMo Gym server 'uppercase_share"), job.console()  # what happened to it
 
 
 STAND_IN = "recipe.nemo_gym_testing.cpu_training.stand_in_trainer"

@@ -13,13 +13,16 @@ saying what is missing and how to install it; NG_SLURM_TESTS=skip turns that int
   that record what they were given: Ray's resources, the backend's environment in Ray workers, the empty
   CUDA_VISIBLE_DEVICES unset, Ray's token authentication; the job COMPLETES, or FAILS with a failing trainer's
   status, or is CANCELLED by scancel: each time nothing of it is left running;
-- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu for real: verl's main_ppo trains one step through the
-  CPU backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; the job
-  COMPLETES and leaves no Ray, NeMo Gym or trainer process behind.
+- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu for real: verl's main_ppo trains step 1 through the
+  CPU backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; then the
+  math server is killed, and the job FAILS, its output ending with the cause that names that server, and leaves
+  no Ray, NeMo Gym or trainer process and nothing in /dev/shm or /tmp behind. (A job that COMPLETES is the stub
+  trainer's case above; a real main_ppo finishing is `test_main_ppo.py`'s.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -39,7 +42,7 @@ import pytest
 
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import TESTS_CPU
+from recipe.nemo_gym_testing.helpers import TESTS_CPU, processes_with_env
 
 pytestmark = pytest.mark.integration
 
@@ -460,15 +463,41 @@ def write_blend(tmp_path: Path, rows_per_env: int) -> Path:
     return out
 
 
+def kill_after_step_1(cluster, job_log: Path, server: str, timeout_s: float = 1200):
+    """A `while_running` callback: once verl's console logger has printed step 1, SIGKILL the job's processes of
+    NeMo Gym's server `server` (a top-level key of Gym's config, which Gym puts in each server's environment as
+    NEMO_GYM_CONFIG_PATH; the job's, by Slurm's SLURM_JOB_ID there)."""
+
+    def kill(job_id: str) -> None:
+        log = Path(str(job_log).replace("%j", job_id))
+        deadline = time.monotonic() + timeout_s
+        while not (log.exists() and re.search(r"\bstep:1 - ", log.read_text(errors="replace"))):
+            state = cluster.job(job_id).get("JobState")
+            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step 1"
+            assert time.monotonic() < deadline, f"job {job_id} did not train step 1 within {timeout_s} s"
+            time.sleep(1)
+        killed = []
+        for proc in processes_with_env("NEMO_GYM_CONFIG_PATH", server):
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("SLURM_JOB_ID") == job_id:
+                    proc.kill()
+                    killed.append(proc.pid)
+        assert killed, f"no process of job {job_id} is NeMo Gym's {server!r} server"
+
+    return kill
+
+
 @pytest.mark.timeout(1800)
-def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, tmp_path, ray_temp_dir):
+def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job_naming_it(
+    slurm, tmp_path, ray_temp_dir
+):
     if not CPU_BACKEND.exists():
         pytest.skip(
             f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree; this test runs the real job"
         )
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
-    blend = write_blend(tmp_path, rows_per_env=2)
+    blend = write_blend(tmp_path, rows_per_env=3)  # 3 steps of one math and one workplace row
     config = write_config(
         tmp_path,
         ray_temp_dir,
@@ -482,7 +511,7 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         MICRO_BATCH_SIZE_PER_GPU="1",
         MAX_PROMPT_LENGTH="1024",
         MAX_RESPONSE_LENGTH="32",
-        TOTAL_TRAINING_STEPS="1",
+        TOTAL_TRAINING_STEPS="3",
         SAVE_FREQ="-1",
         TEST_FREQ="-1",
         VAL_BEFORE_TRAIN="false",
@@ -497,14 +526,19 @@ def test_submit_multienv_trains_one_step_on_the_cpu_backend_under_slurm(slurm, t
         SUBMIT,
         "data.dataloader_num_workers=0",
         timeout_s=1500,
+        while_running=kill_after_step_1(slurm, tmp_path / "job-%j.log", "math_with_judge"),
         CONFIG_ENV=str(config),
     )
     ended = time.time()
     failure = job_failure(record, log, slurm)
     print(f"job {record.get('JobId')}: {record.get('JobState')} after RunTime={record.get('RunTime')}")
-    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", failure
-    assert "submit: training finished" in log, failure
-    assert re.search(r"\bstep:1 - ", log), failure  # verl's console logger: one line per training step
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", failure
+    assert re.search(r"\bstep:1 - ", log) and not re.search(r"\bstep:3 - ", log), failure  # verl's console logger
+    # The job's output ends with the trainer's error: the plugin names the server that died.
+    lines = log.rstrip().splitlines()
+    failed = next(i for i, line in enumerate(lines) if line.startswith("submit: the trainer failed (exit status 1)"))
+    assert lines[failed + 1].startswith("submit:   RolloutAborted: NeMo Gym server(s) ['math_with_judge"), failure
+    assert "died with" in lines[failed + 1], failure
     assert left == [], f"left running after the job (Ray, NeMo Gym or trainer processes): {left}"
     # vLLM's shared-memory ring buffers and verl's buckets and sockets: the script's teardown removes the job's.
     litter = orphans(candidates(), held_files(), since=started, until=ended)
