@@ -1,19 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """verl's real `python -m verl.trainer.main_ppo` trains two steps against a NeMo Gym started outside it
-(`nemo_gym.attach`), and leaves that Gym running.
+(`nemo_gym.attach`); then verl's vLLM server is killed, the job ends naming it, and the attached Gym is left running.
 
 Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with docs/attach-mode.md's `gym env start`
 command (`external_gym.py`; offline venv links are the one difference) running `example_single_tool_call` (a real
 `get_weather` call between two model calls); `main_ppo` with the plugin in attach mode: verl's vLLM rollout plays a
 scripted tool call and answer (log-probs the model's own), the manager publishes the rollout server's address in
-Gym's endpoint file, and the trainer updates the weights the next step's rollout uses.
+Gym's endpoint file, and the trainer updates the weights the next step's rollout uses. Once step 2 is logged the
+test SIGKILLs the job's `vLLMHttpServer` actor (the policy server): the plugin's fault, as users meet it, injected
+into a running `main_ppo`, with the job runner's console after it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from recipe.nemo_gym_testing.cpu_policy import harness
@@ -22,7 +28,7 @@ from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, run_job
 from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
 from recipe.nemo_gym_testing.external_gym import ExternalGym
-from recipe.nemo_gym_testing.helpers import free_port
+from recipe.nemo_gym_testing.helpers import free_port, processes_with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -30,6 +36,8 @@ WEATHER = "example_single_tool_call_simple_agent"
 UPPERCASE = "uppercase_share_simple_agent"
 WEATHER_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 UPPERCASE_CONFIG = "resources_servers/uppercase_share/configs/uppercase_share.yaml"  # ours, in the repository
+MARKER = "NG_TEST_ATTACH_TRAINING"  # in the environment of every process of the job (not of the attached Gym)
+POLICY_SERVER = "vLLMHttpServer"  # verl's vLLM server actor: Ray names its process after the class
 
 
 def script():
@@ -43,12 +51,34 @@ def script():
 
 
 def rows() -> list[dict]:
-    """One weather row and one uppercase row per batch of 2 (data.shuffle=false)."""
+    """One weather row and one uppercase row per batch of 2 (data.shuffle=false), for three steps."""
     weather = harness.example_rows([WEATHER])
     uppercase = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
     for row in uppercase:
         row["responses_create_params"]["max_output_tokens"] = 16
-    return [weather[0], uppercase[0], weather[1], uppercase[1]]
+    return [row for i in range(3) for row in (weather[i], uppercase[i])]
+
+
+class KillPolicyAfterStep2:
+    """The job runner's console: printed and kept; once it shows step 2, the job's policy server is SIGKILLed (step
+    3 then needs it)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+        self.lines: list[str] = []
+        self.killed: list[int] = []
+
+    def __call__(self, line: str) -> None:
+        print(line)
+        self.lines.append(line)
+        if line.startswith("step 2 ") and not self.killed:
+            for proc in processes_with_env(MARKER, self.marker):
+                try:
+                    if POLICY_SERVER in " ".join(proc.cmdline()):
+                        proc.send_signal(signal.SIGKILL)
+                        self.killed.append(proc.pid)
+                except psutil.NoSuchProcess:
+                    continue
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +94,8 @@ def run(tmp_path_factory):
         plugin = out / "attach.yaml"
         plugin.write_text(
             f"nemo_gym:\n  attach:\n    head_server_url: {gym.url}\n"
-            "timeouts: {startup_s: 300, batch_s: 900}\nfailures: {max_fraction: 0.0}\n"
+            "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
+            "failures: {max_fraction: 0.0}\n"
         )
         spec = JobSpec(
             out_dir=out / "job",
@@ -72,7 +103,7 @@ def run(tmp_path_factory):
             agent_loop_config=plugin,
             train_files=[train],
             val_files=[train],
-            steps=2,
+            steps=3,
             batch_size=2,
             n=2,
             prompt_length=1024,
@@ -82,15 +113,20 @@ def run(tmp_path_factory):
             script_file=script().to_file(out / "script.json"),
             extra_overrides=("data.shuffle=false",),
         )
-        result = run_job(spec, console=print)
-        yield spec, result, gym, before, gym.pids()
+        console = KillPolicyAfterStep2(str(out))
+        os.environ[MARKER] = console.marker  # the job's processes inherit it; the attached Gym started before
+        try:
+            result = run_job(spec, console=console)
+        finally:
+            del os.environ[MARKER]
+        yield spec, result, gym, before, gym.pids(), console
     finally:
         gym.stop()
 
 
 def test_main_ppo_trains_two_steps_against_an_attached_gym(run):
-    spec, result, _, _, _ = run
-    assert result.returncode == 0, f"main_ppo failed: {result.cause}; see {spec.log_file}"
+    spec, result, _, _, _, console = run
+    assert console.killed, f"step 2 was not reached: {result.cause}; see {spec.log_file}"
     steps = [s["data"] for s in result.steps if "actor/grad_norm" in s["data"]]
     assert [s["step"] for s in result.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     for data in steps:
@@ -104,9 +140,27 @@ def test_main_ppo_trains_two_steps_against_an_attached_gym(run):
         assert data["actor/grad_norm"] > 0
 
 
+def test_a_policy_server_killed_while_training_ends_the_job_naming_it_and_leaves_nothing(run):
+    spec, result, _, _, _, console = run
+    assert result.returncode == 1 and [s["step"] for s in result.steps] == [1, 2], console.lines
+    tail = console.lines[-8:]
+    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
+    assert tail[-1] == f"full log: {spec.log_file}", console.lines
+    cause = "\n".join(tail[failed + 1 : -1])
+    # Whoever notices first names it: the manager's health probes (RolloutAborted naming the URL), or verl, whose
+    # call to the server actor fails (Ray's ActorDiedError naming the actor's class); both were seen.
+    named_by_manager = cause.startswith("  RolloutAborted: policy server(s) ['http://") and "unreachable" in cause
+    named_by_ray = cause.startswith("  ActorDiedError: The actor died") and f"class_name: {POLICY_SERVER}" in cause
+    assert named_by_manager or named_by_ray, console.lines
+    deadline = time.monotonic() + 20  # the runner waited for the trainer's process group; the rest must follow
+    while (left := processes_with_env(MARKER, console.marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [" ".join(p.cmdline()[:4]) for p in left if p.is_running()] == []
+
+
 def test_the_attached_gym_outlives_the_trainer(run):
-    _, result, gym, before, after = run
-    assert result.returncode == 0
+    _, result, gym, before, after, _ = run
+    assert result.returncode == 1  # failed, once its policy server was killed
     assert after == before  # no process of the attached Gym was stopped, and none was added
     from recipe.nemo_gym.gym.client import HeadClient
 

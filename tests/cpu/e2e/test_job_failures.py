@@ -9,9 +9,10 @@ process (found by a marker in the environment every process of the job inherits)
 run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation. The job runner's own
 semantics (Ctrl-C, a trainer killed by a signal, a second job refused on a folder in use, a finished run's last
 line) are tested against a stand-in that behaves like `main_ppo` for the runner (`cpu_training/stand_in_trainer.py`);
-the plugin's own faults, against the real trainer: bad rows, and the policy server killed. A NeMo Gym server killed
-while training is `test_slurm.py`'s real job, under Slurm; the failure-neutral step (a failed episode changes no
-statistic) is carried by `test_main_ppo.py`'s run.
+the plugin's own faults, against the real trainer: bad rows here. The other faults are injected into training runs
+that other modules make anyway: a NeMo Gym server killed in `test_slurm.py`'s real job (under Slurm), the policy
+server killed in `test_attach_training.py`'s run (with this runner's console); the failure-neutral step (a failed
+episode changes no statistic) is carried by `test_main_ppo.py`'s run.
 """
 
 from __future__ import annotations
@@ -186,22 +187,6 @@ def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_a
     assert _job_temp_folders() <= before
 
 
-def _kill_while_training(tmp_path: Path, plugin_yaml: Path, tag: str, needle: str) -> tuple[RunningJob, str]:
-    """Start a 4-step job, SIGKILL its processes whose command line holds `needle` once training is next, and
-    return the job (exit status 1 asserted) and the cause the console printed between its exit line and its log
-    line (at most MAX_LINES, 6)."""
-    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train, steps=4), tag)
-    job.wait_for_log(READY)
-    assert _kill_processes(job.marker, needle), f"no process of the job runs {needle!r}"
-    assert job.finish() == 1, job.console()
-    tail = job.lines[-8:]
-    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
-    assert tail[-1] == f"full log: {job.spec.log_file}", job.console()
-    assert job.left_behind() == []
-    return job, "\n".join(tail[failed + 1 : -1])
-
-
 STAND_IN = "recipe.nemo_gym_testing.cpu_training.stand_in_trainer"
 
 
@@ -269,12 +254,3 @@ def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(
     assert first.lines[-1].endswith(f" s; metrics: {first.spec.metrics_file}; log: {first.spec.log_file}")
     assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there
     assert first.left_behind() == []
-
-
-def test_a_policy_server_killed_while_training_ends_the_job_naming_its_url(tmp_path, plugin_yaml):
-    job, cause = _kill_while_training(tmp_path, plugin_yaml, "policy-server", "vLLMHttpServer")  # verl's actor
-    # Whoever notices first names it: the manager's health probes (RolloutAborted naming the URL), or verl, whose
-    # call to the server actor fails (Ray's ActorDiedError naming the actor's class); both were seen.
-    named_by_manager = cause.startswith("  RolloutAborted: policy server(s) ['http://") and "unreachable" in cause
-    named_by_ray = cause.startswith("  ActorDiedError: The actor died") and "class_name: vLLMHttpServer" in cause
-    assert named_by_manager or named_by_ray, job.console()
