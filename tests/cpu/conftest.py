@@ -40,18 +40,20 @@ from pathlib import Path
 import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 738 s (its two runs), job_failures
-# 809 (three real jobs; its three tests of the job runner itself use a stand-in trainer), slurm 528, load 506,
-# attach 378, manager_exit 318 (with the shared engine's start), attach_training 272, end_to_end_gym_0_4 167,
-# end_to_end 101, more_environments 94. The five after attach_training share one verl vLLM server (the
-# `shared_engine` fixture, about 150 s to start), so they come together: the engine lives only while they run.
-# test_attach (two engines of its own, ~9 GB) comes last, when the other worker has finished: beside
-# test_reliability's engine, Ray's memory monitor killed its engines (attach 991 s, 600 of them waiting).
+# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 800 s (its two runs), slurm 551
+# (its real job carries a killed Gym server), job_failures 72 (bad rows before the workers; the rest on a stand-in
+# trainer), manager_exit 361 (with the shared engine's start), end_to_end 101, end_to_end_gym_0_4 164,
+# more_environments 78, load 444, attach_training 400 (its run carries a killed policy server), attach 355. The five
+# after job_failures share one verl vLLM server (the `shared_engine` fixture, about 150 s to start), so they come
+# together: the engine lives only while they run. They come before attach_training: the other worker's last module,
+# test_reliability (an engine of its own), then runs beside them rather than beside a trainer (2026-11-27: beside
+# attach_training's trainer the machine's memory in use peaked at 18.4 GiB). attach_training and test_attach (two
+# engines of its own, ~9 GB) come last, when the other worker has finished: beside test_reliability's engine, Ray's
+# memory monitor once killed test_attach's engines (attach 991 s, 600 of them waiting).
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm.py",
     "test_job_failures.py",
-    "test_attach_training.py",
     # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
@@ -59,6 +61,7 @@ HEAVY_MODULES = (
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
     "test_load.py",
+    "test_attach_training.py",
     "test_attach.py",
 )
 HEAVY_GROUP = "heavy"
