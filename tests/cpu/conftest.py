@@ -45,11 +45,11 @@ import pytest
 # trainer), manager_exit 361 (with the shared engine's start), end_to_end 101, end_to_end_gym_0_4 164,
 # more_environments 78, load 444, attach_training 400 (its run carries a killed policy server), attach 355. The five
 # after job_failures share one verl vLLM server (the `shared_engine` fixture, about 150 s to start), so they come
-# together: the engine lives only while they run. They come before attach_training: the other worker's last module,
-# test_reliability (an engine of its own), then runs beside them rather than beside a trainer (2026-11-27: beside
-# attach_training's trainer the machine's memory in use peaked at 18.4 GiB). attach_training and test_attach (two
-# engines of its own, ~9 GB) come last, when the other worker has finished: beside test_reliability's engine, Ray's
-# memory monitor once killed test_attach's engines (attach 991 s, 600 of them waiting).
+# together: the engine lives only while they run. The other worker's last module, test_reliability (an engine of
+# its own), runs beside whichever heavy module comes at minutes 23 to 31; the machine's memory in use peaked at
+# 18.4 GiB beside attach_training's trainer and 18.8 GiB beside these five (two whole runs, 2026-11-27): either
+# pairing passes 17 GiB. attach_training and test_attach (two engines of its own, ~9 GB) come last, when the other
+# worker has finished: beside test_reliability's engine, Ray's memory monitor once killed test_attach's engines.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm.py",
