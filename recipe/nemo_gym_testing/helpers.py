@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -90,6 +91,20 @@ def processes_with_env(key: str, value: str, exclude: Iterable[int] = ()) -> lis
     in the environment of what it started, which every descendant inherits (Ray's raylet passes its environment
     to the workers it spawns, NeMo Gym to its servers, Slurm to a job's steps)."""
     return _live_processes_whose_env(lambda env: env.get(key) == value, exclude)
+
+
+def kill_processes_with_env(key: str, value: str, cmdline_contains: str) -> list[int]:
+    """SIGKILL every live process with `key=value` in its environment whose command line contains
+    `cmdline_contains` (a test's fault: one server of the job it started); the pids signalled."""
+    killed = []
+    for proc in processes_with_env(key, value):
+        try:
+            if cmdline_contains in " ".join(proc.cmdline()):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return killed
 
 
 def alive(pids: Iterable[int]) -> list[int]:

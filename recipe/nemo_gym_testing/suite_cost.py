@@ -4,7 +4,8 @@
 `./run_tests.sh` sets `NG_SUITE_COST_DIR` (a folder under `outputs/`) and:
 - starts `python -m recipe.nemo_gym_testing.suite_cost sample DIR` beside its pytest runs. It reads the machine's
   memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
-  `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the largest processes at that moment;
+  `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the minute of the run, the tests pytest's
+  workers were running and the largest processes at that moment;
 - each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
   tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
 - `python -m recipe.nemo_gym_testing.suite_cost report DIR` prints the summary (`format_report`, pure).
@@ -104,6 +105,12 @@ def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10
             f"peak memory in use: {memory['peak_bytes'] / GIB:.1f} GiB of {memory['total_bytes'] / GIB:.1f} GiB "
             f"(machine-wide, sampled every {memory['sample_s']:g} s; {memory['start_bytes'] / GIB:.1f} GiB at start)"
         )
+        if "started_at" in memory:
+            lines.append(
+                f"  at minute {(memory['peak_at'] - memory['started_at']) / 60:.1f} of the run, while running:"
+            )
+            lines += [f"    {test}" for test in memory.get("running", [])]
+        lines.append("  the largest processes then:")
         lines += [f"  {line}" for line in memory.get("largest_processes", [])]
     else:
         lines.append("peak memory: not sampled")
@@ -125,6 +132,26 @@ def largest_processes(count: int = 8) -> list[str]:
     return [line for _, line in sorted(found, reverse=True)[:count]]
 
 
+XDIST_TITLE = "[pytest-xdist running] "
+"""How pytest-xdist titles a worker process while it runs a test (its `setproctitle`), followed by the test's id."""
+
+
+def running_tests(titles: Iterable[str]) -> list[str]:
+    """The tests pytest-xdist's workers are running, read from the processes' titles (command lines)."""
+    return sorted(title[len(XDIST_TITLE) :].strip() for title in titles if title.startswith(XDIST_TITLE))
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+            except OSError:
+                continue  # it ended while being read
+    return lines
+
+
 def sample(folder: Path) -> None:
     """Sample memory in use until SIGTERM; keep the peak in `folder/memory.json` (replaced whole each time)."""
     running = True
@@ -138,13 +165,15 @@ def sample(folder: Path) -> None:
     text = meminfo.read_text()
     total = meminfo_bytes(text)["MemTotal"]
     start = peak = memory_in_use(text)
+    started_at = time.time()
     out, partial = folder / "memory.json", folder / "memory.json.partial"
     while True:
         used = memory_in_use(meminfo.read_text())
         if used >= peak or not out.exists():
             peak = max(peak, used)
             record = {"peak_bytes": peak, "start_bytes": start, "total_bytes": total, "sample_s": SAMPLE_S,
-                      "peak_at": time.time(), "largest_processes": largest_processes()}  # fmt: skip
+                      "started_at": started_at, "peak_at": time.time(), "largest_processes": largest_processes(),
+                      "running": running_tests(_command_lines())}  # fmt: skip
             partial.write_text(json.dumps(record))
             partial.replace(out)
         if not running:

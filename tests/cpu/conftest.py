@@ -40,16 +40,15 @@ from pathlib import Path
 import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 800 s (its two runs), slurm 551
-# (its real job carries a killed Gym server), job_failures 72 (bad rows before the workers; the rest on a stand-in
-# trainer), manager_exit 361 (with the shared engine's start), end_to_end 101, end_to_end_gym_0_4 164,
-# more_environments 78, load 444, attach_training 400 (its run carries a killed policy server), attach 355. The five
-# after job_failures share one verl vLLM server (the `shared_engine` fixture, about 150 s to start), so they come
-# together: the engine lives only while they run. The other worker's last module, test_reliability (an engine of
-# its own), runs beside whichever heavy module comes at minutes 23 to 31; the machine's memory in use peaked at
-# 18.4 GiB beside attach_training's trainer and 18.8 GiB beside these five (two whole runs, 2026-11-27): either
-# pairing passes 17 GiB. attach_training and test_attach (two engines of its own, ~9 GB) come last, when the other
-# worker has finished: beside test_reliability's engine, Ray's memory monitor once killed test_attach's engines.
+# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 749 s (its two runs), slurm 484
+# (its real job carries a killed Gym server), job_failures 63 (bad rows before the workers; the rest on a stand-in
+# trainer), manager_exit 481 (with the shared engine's start), end_to_end 108, end_to_end_gym_0_4 167,
+# more_environments 83, load 440, attach_training 268 (its run carries a killed policy server), attach 362: 53.4
+# min. The five after job_failures share one verl vLLM server (the `shared_engine` fixture, about 150 s to start),
+# so they come together: the engine lives only while they run. The other worker starts no verl engine but
+# test_multiturn_http's (vLLM's reasoning parser); test_reliability runs on the CPU policy server. Its modules took
+# 29 min, so attach_training and test_attach (two engines of its own, ~9 GB) run when it has finished: beside an
+# engine of the other worker, Ray's memory monitor once killed test_attach's engines.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm.py",
@@ -69,8 +68,8 @@ HEAVY_GROUP = "heavy"
 # integration tests are marked `e2e` too (`pytest_itemcollected`), the tier `-m e2e` selects.
 E2E_FOLDER = "e2e"
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
-# with the most processes last. Measured: reliability 225 s, gym_runtime 120, multiturn_http 137, server_patch 89,
-# template_matrix 61, cpu_policy_server 49, example_environment 38.
+# with the most processes last. Measured (the whole run above): gym_runtime 445 s, template_matrix 355,
+# multiturn_http 225, reliability 165, example_environment 143, server_patch 100, cpu_policy_server 46.
 SERVER_MODULES = (
     "test_example_environment.py",
     "test_cpu_policy_server.py",

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from recipe.nemo_gym_testing.cpu_policy import harness
@@ -28,7 +26,7 @@ from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import JobSpec, run_job
 from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
 from recipe.nemo_gym_testing.external_gym import ExternalGym
-from recipe.nemo_gym_testing.helpers import free_port, processes_with_env
+from recipe.nemo_gym_testing.helpers import free_port, kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -72,13 +70,7 @@ class KillPolicyAfterStep2:
         print(line)
         self.lines.append(line)
         if line.startswith("step 2 ") and not self.killed:
-            for proc in processes_with_env(MARKER, self.marker):
-                try:
-                    if POLICY_SERVER in " ".join(proc.cmdline()):
-                        proc.send_signal(signal.SIGKILL)
-                        self.killed.append(proc.pid)
-                except psutil.NoSuchProcess:
-                    continue
+            self.killed += kill_processes_with_env(MARKER, self.marker, POLICY_SERVER)
 
 
 @pytest.fixture(scope="module")

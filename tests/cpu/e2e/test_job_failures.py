@@ -29,7 +29,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -38,7 +37,7 @@ from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, spec_to_json
 from recipe.nemo_gym_testing.cpu_training.stand_in_trainer import FINISH_FILE_ENV
 from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
-from recipe.nemo_gym_testing.helpers import processes_with_env
+from recipe.nemo_gym_testing.helpers import kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
 
@@ -147,19 +146,6 @@ def _job_temp_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("ngjob-*")}
 
 
-def _kill_processes(marker: str, needle: str) -> list[int]:
-    """SIGKILL the job's processes whose command line contains `needle`; their pids."""
-    killed = []
-    for proc in processes_with_env(MARKER, marker):
-        try:
-            if needle in " ".join(proc.cmdline()):
-                proc.send_signal(signal.SIGKILL)
-                killed.append(proc.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return killed
-
-
 def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
     rows = [json.dumps(row) for row in _rows(32)]  # every row of uppercase_share's training file
     rows[6] = rows[6][:-5]  # line 7: cut short
@@ -220,7 +206,7 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     before = _job_temp_folders()
     job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "sigkill")
     job.wait_for_log(READY)
-    assert _kill_processes(job.marker, STAND_IN), "no trainer process found"
+    assert kill_processes_with_env(MARKER, job.marker, STAND_IN), "no trainer process found"
     assert job.finish() == 137, job.console()
     assert job.lines[-2].startswith("main_ppo was killed by SIGKILL after "), job.console()
     assert "(exit status 137)" in job.lines[-2]

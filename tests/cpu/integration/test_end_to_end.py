@@ -9,11 +9,17 @@ servers from the installed wheel (one blend) -> NeMo Gym's training model server
 engine, `shared_engine.py`, each row naming its script) playing a scripted tool-using policy in a
 one-token-per-character split, forced inside the engine (log-probs are the model's own) ->
 the packed DataProto -> verl's GRPO advantage and vanilla policy loss.
+
+The same stack, with two rows more in its dataset (`EXTRA_ROWS`), checks the manager's refusals on verl's rollout:
+a batch naming an agent the running Gym lacks is refused before anything is sent, and verl's own `_validate`
+reports a failed episode's share (the prompt beyond the engine's context) without counting it in the score.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+import urllib.request
 
 import psutil
 import pytest
@@ -26,7 +32,7 @@ from recipe.nemo_gym.token_fields import TOKEN_FIELDS
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import SharedStack
+from recipe.nemo_gym_testing.helpers import SharedStack, math_row
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +40,14 @@ MULTIENV = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "multienv.yam
 MATH = "math_with_judge_simple_agent"
 WORKPLACE = "workplace_assistant_simple_agent"
 N = 2
+# Rows after NeMo Gym's example rows in the dataset, for the tests that name them (the training batch leaves them).
+EXTRA_ROWS = {
+    "unknown_agent": {
+        **math_row("What is 1+3?"),
+        "agent_ref": {"type": "responses_api_agents", "name": "no_such_agent"},
+    },
+    "over_context": math_row("What is 2+2? " + "word " * 10000),  # beyond the engine's context: vLLM refuses it
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +66,7 @@ def stacks(tmp_path_factory, shared_engine, gym_environment):
         tmp = tmp_path_factory.mktemp("e2e")
         model_dir = tiny_qwen3_dir()
         rows = harness.example_rows(environment=gym_environment)
-        data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+        data = harness.write_jsonl(rows + list(EXTRA_ROWS.values()), tmp / "rows.jsonl")
         plugin = MULTIENV
         if gym_environment is not None:  # the shipped blend, run from that environment
             blend = yaml.safe_load(MULTIENV.read_text())
@@ -65,7 +79,7 @@ def stacks(tmp_path_factory, shared_engine, gym_environment):
         with harness.manager_stack(
             model_dir, overrides, data, example_episodes_policy(), engine=shared_engine
         ) as stack:
-            yield {**stack, "rows": rows}
+            yield {**stack, "rows": rows}  # the example rows; EXTRA_ROWS follow them in the dataset
 
     with SharedStack(start) as holder:
         yield holder
@@ -80,7 +94,7 @@ def stack(stacks):
 def training(stacks, stack):
     """One training batch: every row, each repeated rollout.n times (run once per started stack)."""
     if "training" not in stacks.cache:
-        kept, batch = harness.trainer_batches(stack["dataset"], range(len(stack["dataset"])), stack["config"])
+        kept, batch = harness.trainer_batches(stack["dataset"], range(len(stack["rows"])), stack["config"])
         output = stack["manager"].generate_sequences(batch)
         stacks.cache["training"] = batch, kept.union(output), list(stack["manager"].last_results)
     return stacks.cache["training"]
@@ -218,6 +232,82 @@ def test_validation_uses_val_kwargs_and_a_later_batch_works(training, stack):
     assert temperatures == {0.0}  # rollout.val_kwargs: greedy
     _, _, training_results = training
     assert {r["response"]["temperature"] for r in training_results} == {1.0}
+
+
+def _extra_index(stack, name: str) -> int:
+    return len(stack["rows"]) + list(EXTRA_ROWS).index(name)
+
+
+def _math_index(stack, *, right: bool) -> int:
+    """A math example row the scripted policy answers right (its expected answer is 32) or wrong."""
+    return next(
+        i
+        for i, row in enumerate(stack["rows"])
+        if row["agent_ref"]["name"] == MATH and (row.get("expected_answer") == "32") == right
+    )
+
+
+def _chat_requests(stack) -> int:
+    """Chat requests verl's vLLM server has answered, whatever the status: vLLM's own `http_requests_total` counter
+    (its Prometheus instrumentation of every route) at `/metrics`. Only this module sends to the engine now."""
+    with urllib.request.urlopen(f"http://{stack['rollout'].addresses[0]}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return round(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("http_requests_total{") and 'handler="/v1/chat/completions"' in line
+        )
+    )
+
+
+def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(training, stack):
+    manager, right = stack["manager"], _math_index(stack, right=True)
+    sent_before = _chat_requests(stack)
+    assert sent_before > 0  # the counter counts this stack's requests (the training batch's)
+    unknown = _extra_index(stack, "unknown_agent")
+    _, batch = harness.trainer_batches(stack["dataset"], [right, unknown, right], stack["config"])
+    with pytest.raises(ValueError) as err:
+        manager.generate_sequences(batch)
+    message = str(err.value)
+    # verl repeats each row rollout.n times: the unknown agent's copies are batch rows N to 2N - 1, each listed.
+    for row in range(N, 2 * N):
+        listed = f"batch row {row} (dataset index {unknown}): agent_ref.name 'no_such_agent' is not configured"
+        assert listed in message, message
+    assert message.startswith(f"{N} of {3 * N} rows cannot run on the agents of ")
+    assert f"'{MATH}', '{WORKPLACE}'" in message and "nothing was sent" in message
+    time.sleep(0.5)
+    assert _chat_requests(stack) == sent_before
+    _, batch = harness.trainer_batches(stack["dataset"], [right], stack["config"])
+    output = manager.generate_sequences(batch)
+    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0] * N
+    assert _chat_requests(stack) == sent_before + N
+
+
+def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(training, stack):
+    """verl's own `_validate` over three rows, one of which fails (its prompt is beyond the engine's context): one
+    failure of three is within the blend's 5% budget (rounded up to one episode), the five padded rows send nothing,
+    and the failure reaches val-aux; the score leaves the failed episode out, the reward counts it as 0."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    manager = stack["manager"]
+    indices = [_math_index(stack, right=True), _extra_index(stack, "over_context"), _math_index(stack, right=False)]
+    trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only what _validate reads
+    trainer.config = stack["config"]
+    trainer.tokenizer = manager.tokenizer
+    trainer.val_dataloader = [collate_fn([stack["dataset"][i] for i in indices])]
+    trainer.async_rollout_manager = manager
+    trainer.use_rm = False
+    trainer.global_steps = 1
+    sent_before = _chat_requests(stack)
+    metrics = trainer._validate()
+    time.sleep(0.5)
+    assert _chat_requests(stack) - sent_before == 3  # 3 real rows, one model call each; verl padded the batch to 8
+    assert len(manager.last_results) == 3
+    assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / 3)
+    assert metrics[f"val-core/{MATH}/acc/mean@1"] == pytest.approx(1 / 2)  # the failed episode is left out
+    assert metrics[f"val-aux/{MATH}/reward/mean@1"] == pytest.approx(1 / 3)
 
 
 def test_shutdown_leaves_no_nemo_gym_process(stacks):

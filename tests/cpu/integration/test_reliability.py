@@ -1,15 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reliability of a rollout: dead policy server, splice refusals, the failure budget, bad agents, over-long prompts.
+"""Reliability of a rollout: dead policy server, splice refusals, the failure budget, over-long prompts.
 
 Two layers (the pure functions, `server_error_cause`, `context_overflow_failure` and `PolicyWatch`, on exact inputs
 and error bodies captured from the running stack, are tested in `tests/cpu/unit/gym/test_reliability_units.py`):
 - the batch core (`probe_policy_server`, `run_examples_in_order`) on real sockets and HTTP servers;
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
-  workplace servers. The batches with injected faults (the failure budget's mixed batch) run against the
-  hand-written CPU policy server (vLLM 0.24's OpenAI app with the splice patch, engine replaced by a script): vLLM's
-  real engine cannot be made to send a non-finite log-prob or to go on generating after an EOS. Everything else
-  runs on verl's own vLLM rollout (standalone, on vLLM's CPU build, `cpu_training/standalone.py`): the unknown
-  agent, verl's `_validate`, and last the test that kills verl's vLLM server actor.
+  workplace servers and the hand-written CPU policy server (vLLM 0.24's OpenAI app with the splice patch, engine
+  replaced by a script): vLLM's real engine cannot be made to send a non-finite log-prob or to go on generating
+  after an EOS. Last, the test that SIGKILLs that policy server while the batch's requests wait on it.
+
+What the manager does on verl's own vLLM rollout is tested on the suite's shared engine: an unknown agent and
+verl's `_validate` in `test_end_to_end.py`; verl's vLLM server actor killed in a training run in
+`e2e/test_attach_training.py`.
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -154,10 +158,9 @@ ROWS = {
     "over_prompt_length": math_row("What is 2+2? " + "word " * 6500),  # fits the context (8192), not P
     "over_context": math_row("What is 2+2? " + "word " * 9000),  # beyond the model's 8192 positions
     "good_math_2": math_row("What is 3+1?"),
-    "unknown_agent": {**math_row("What is 1+3?"), "agent_ref": {"name": "no_such_agent"}},
 }
 INDEX = {name: i for i, name in enumerate(ROWS)}
-MIXED = [name for name in ROWS if name != "unknown_agent"]
+MIXED = list(ROWS)
 EXPECTED_CAUSES = {
     "nan_logprob": FailureCause.NON_FINITE_LOGPROB,
     "huge_logprob": FailureCause.NON_FINITE_LOGPROB,
@@ -249,47 +252,31 @@ def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
-    """The module's two stacks, each started once for the module: `fault` on the hand-written CPU policy server (the
-    injected faults), `verl` on verl's own vLLM rollout (everything else). Only one runs at a time: NeMo Gym keeps one
-    configuration per process, so taking one stops the other."""
+    """The module's stack on the CPU policy server, started once for the module; the test that kills its policy
+    server takes it last (`own()`)."""
 
     @contextlib.contextmanager
-    def fault():
+    def start():
         model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability"))
-        with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir)) as stack:
-            yield stack
-
-    @contextlib.contextmanager
-    def verl():
-        model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability-verl"))
         # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
-        dev = {"VLLM_SERVER_DEV_MODE": "1"}
-        with harness.manager_stack(model_dir, overrides, data, scripted_policy(model_dir), server_env=dev) as stack:
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir), env=env) as stack:
             yield stack
 
-    with SharedStack(fault) as fault_holder, SharedStack(verl) as verl_holder:
-        yield {"fault": fault_holder, "verl": verl_holder}
+    with SharedStack(start) as holder:
+        yield holder
 
 
 @pytest.fixture
 def stack(stacks):
-    """The shared fault-injection stack: no test kills anything in it."""
-    stacks["verl"].stop()
-    return stacks["fault"].shared()
+    """The shared stack: no test kills anything in it."""
+    return stacks.shared()
 
 
 @pytest.fixture
-def verl_stack(stacks):
-    """The shared stack on verl's vLLM rollout."""
-    stacks["fault"].stop()
-    return stacks["verl"].shared()
-
-
-@pytest.fixture
-def own_verl_stack(stacks):
-    """The stack on verl's vLLM rollout, for a test that kills its server (no test uses it after)."""
-    stacks["fault"].stop()
-    return stacks["verl"].own()
+def own_stack(stacks):
+    """The stack, for a test that kills its policy server (no test uses it after)."""
+    return stacks.own()
 
 
 def _batch(stack, names):
@@ -300,7 +287,7 @@ def _batch(stack, names):
 @pytest.fixture
 def below_budget(stacks, stack):
     """The mixed batch with a budget it stays under: 5 of 8 rows fail, 6 may (run once per started stack)."""
-    cache = stacks["fault"].cache
+    cache = stacks.cache
     if "below_budget" not in cache:
         manager = stack["manager"]
         manager.budget = FailureBudget(0.75)
@@ -382,80 +369,14 @@ def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, 
     assert lines[1] == "First failures:" and len(lines) == 7
 
 
-def _chat_requests(stack) -> int:
-    """Chat requests verl's vLLM server has answered, whatever the status: vLLM's own `http_requests_total` counter
-    (its Prometheus instrumentation of every route) at `/metrics`."""
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_stack):
+    """SIGKILLs the policy server's process group while the batch's requests wait on it, held by vLLM's /pause."""
     import urllib.request
 
-    with urllib.request.urlopen(f"http://{stack['rollout'].addresses[0]}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    return round(
-        sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("http_requests_total{") and 'handler="/v1/chat/completions"' in line
-        )
-    )
-
-
-def test_unknown_agent_is_rejected_before_anything_is_sent_and_the_next_batch_runs(verl_stack):
-    stack = verl_stack
-    manager = stack["manager"]
-    manager.generate_sequences(_batch(stack, ["good_math"]))
-    sent_before = _chat_requests(stack)
-    assert sent_before > 0  # the counter counts this stack's requests
-    with pytest.raises(ValueError) as err:
-        manager.generate_sequences(_batch(stack, ["good_math", "unknown_agent", "good_math_2"]))
-    message = str(err.value)
-    assert (
-        f"batch row 1 (dataset index {INDEX['unknown_agent']}): agent_ref.name 'no_such_agent' is not configured"
-        in message
-    ), message
-    assert message.startswith("1 of 3 rows cannot run on the agents of ")
-    assert f"'{MATH}', '{WORKPLACE}'" in message and "nothing was sent" in message
-    time.sleep(0.5)
-    assert _chat_requests(stack) == sent_before
-    output = manager.generate_sequences(_batch(stack, ["good_math", "good_math_2"]))
-    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0]
-    assert _chat_requests(stack) == sent_before + 2
-
-
-def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share(verl_stack):
-    """verl's own `_validate` over three rows, one of which fails: one failure of three is within the default 5%
-    budget (rounded up to one episode), the five padded rows send nothing, and the failure reaches val-aux."""
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.utils.dataset.rl_dataset import collate_fn
-
-    stack = verl_stack
-    manager = stack["manager"]
-    names = ["good_math", "over_prompt_length", "good_math_2"]
-    trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only what _validate reads
-    trainer.config = stack["config"]
-    trainer.tokenizer = manager.tokenizer
-    trainer.val_dataloader = [collate_fn([stack["dataset"][INDEX[name]] for name in names])]
-    trainer.async_rollout_manager = manager
-    trainer.use_rm = False
-    trainer.global_steps = 1
-    sent_before = _chat_requests(stack)
-    metrics = trainer._validate()
-    time.sleep(0.5)
-    assert _chat_requests(stack) - sent_before == 3  # 3 real rows; verl padded the batch to 8
-    assert len(manager.last_results) == 3
-    assert metrics[f"val-aux/{MATH}/nemo_gym/failed/mean@1"] == pytest.approx(1 / 3)
-    assert metrics[f"val-core/{MATH}/acc/mean@1"] == 1.0  # the failed episode is left out of the score
-    assert metrics[f"val-aux/{MATH}/reward/mean@1"] == pytest.approx(2 / 3)
-
-
-def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_verl_stack):
-    """Kills verl's vLLM server actor. Requests wait on a live, paused server; then it dies."""
-    import urllib.request
-
-    import ray
-
-    stack = own_verl_stack
-    manager, rollout = stack["manager"], stack["rollout"]
-    url = rollout.base_urls[0]
-    request = urllib.request.Request(f"http://{rollout.addresses[0]}/pause?mode=keep", method="POST")
+    stack = own_stack
+    manager, server = stack["manager"], stack["server"]
+    url = server.base_url
+    request = urllib.request.Request(f"{server.root_url}/pause?mode=keep", method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
     outcome: dict = {}
@@ -473,7 +394,7 @@ def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(
     worker.join(6.0)  # six health checks: the paused server answers /health, so nothing aborts
     assert worker.is_alive(), f"the batch ended while the policy server was alive: {outcome}"
     killed = time.monotonic()
-    ray.kill(rollout.servers[0])  # SIGKILL of the actor's process, as when its node dies
+    os.killpg(server.pgid, signal.SIGKILL)  # the server and everything it started, as when its node dies
     worker.join(60.0)
     assert not worker.is_alive(), "the batch did not end after the policy server died"
     to_error = outcome["ended"] - killed

@@ -19,6 +19,7 @@ from recipe.nemo_gym_testing.suite_cost import (
     largest_processes,
     memory_in_use,
     report,
+    running_tests,
     tier_of,
 )
 
@@ -85,3 +86,30 @@ def test_the_largest_processes_are_listed_largest_first_with_their_command_lines
     assert any(line.split(":")[0].endswith(f"pid {os.getpid()}") and "pytest" in line for line in every), every[:5]
     sizes = [float(line.split(" GiB")[0]) for line in every]
     assert sizes == sorted(sizes, reverse=True) and len(largest_processes(count=3)) == 3
+
+
+def test_the_tests_running_at_the_peak_are_read_from_the_xdist_workers_titles_and_reported_with_the_minute():
+    titles = [
+        "/work/.venv/bin/python -m pytest tests/cpu -n 2",
+        "[pytest-xdist running] tests/cpu/e2e/test_slurm.py::test_job ",
+        "[pytest-xdist running] tests/cpu/integration/test_gym_runtime.py::test_health",
+        "ray::vLLMHttpServer",
+    ]
+    running = running_tests(titles)
+    assert running == [
+        "tests/cpu/e2e/test_slurm.py::test_job",
+        "tests/cpu/integration/test_gym_runtime.py::test_health",
+    ]
+    memory = {
+        "peak_bytes": 15 * GIB, "start_bytes": 1 * GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0,
+        "started_at": 1000.0, "peak_at": 1000.0 + 90 * 60, "running": running,
+        "largest_processes": ["9.00 GiB pid 7: x"],
+    }  # fmt: skip
+    lines = format_report([], memory).splitlines()
+    at = lines.index("  at minute 90.0 of the run, while running:")
+    assert lines[at + 1 : at + 5] == [
+        "    tests/cpu/e2e/test_slurm.py::test_job",
+        "    tests/cpu/integration/test_gym_runtime.py::test_health",
+        "  the largest processes then:",
+        "  9.00 GiB pid 7: x",
+    ]
