@@ -38,11 +38,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from recipe.nemo_gym.errors import ConfigError
+
 _VAR = re.compile(r"\$(\w+)|\$\{([^}]+)\}")
-
-
-class ConfigError(ValueError):
-    """The plugin's YAML is missing, malformed, or names a key or value we do not accept."""
 
 
 class _Strict(BaseModel):

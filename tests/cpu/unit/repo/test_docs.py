@@ -19,7 +19,6 @@ Nothing here starts a server, Ray or a trainer.
 from __future__ import annotations
 
 import ast
-import builtins
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+from recipe.nemo_gym_testing.helpers import exception_classes as scanned_exception_classes
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -61,29 +61,11 @@ def relative(path: Path) -> str:
 
 # ------------------------------------------------------------------------------------ troubleshooting.md
 
-_BUILTIN_EXCEPTIONS = {
-    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
-}
-
 
 def exception_classes(roots: tuple[Path, ...]) -> dict[str, str]:
     """Every public class defined under `roots` that derives, through classes defined there, from a built-in
     exception: name -> `file:line`. Nested classes count (vLLM's `SpliceRefusal` is made inside a function)."""
-    bases: dict[str, set[str]] = {}
-    where: dict[str, str] = {}
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.ClassDef):
-                    bases.setdefault(node.name, set()).update(ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases)
-                    where.setdefault(node.name, f"{relative(path)}:{node.lineno}")
-
-    def is_exception(name: str, seen: frozenset[str] = frozenset()) -> bool:
-        if name in _BUILTIN_EXCEPTIONS:
-            return True
-        return name not in seen and any(is_exception(b, seen | {name}) for b in bases.get(name, ()))
-
-    return {name: where[name] for name in bases if not name.startswith("_") and is_exception(name)}
+    return {name: where for name, (where, _) in scanned_exception_classes(roots).items() if not name.startswith("_")}
 
 
 _RULE = re.compile(r"rule (?:\d+|'[^']+')(?: \([^)]*\))? failed")
