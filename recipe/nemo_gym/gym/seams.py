@@ -20,6 +20,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from recipe.nemo_gym.config import NeMoGymSection
 from recipe.nemo_gym.gym.errors import GymConfigError
 
 _SHIM_DIR_NAME = "_interpreter_shim"
@@ -69,6 +70,26 @@ def check_config_paths(paths: Sequence[str], cwd: Path, install_root: Path) -> l
     if missing:
         raise GymConfigError("NeMo Gym config path(s) not found: " + "; ".join(missing))
     return resolved
+
+
+def section_root(section: NeMoGymSection) -> Path:
+    """NeMo Gym's root for the plugin config's `nemo_gym` section: its `root` when set, else the root of the Gym
+    environment it names (`nemo_gym_install_root`)."""
+    if section.root is not None:
+        return section.root
+    try:
+        return nemo_gym_install_root(section.environment)
+    except GymConfigError as e:
+        raise GymConfigError(f"nemo_gym.root is not set and {e}") from e
+
+
+def section_config_paths(section: NeMoGymSection) -> list[Path]:
+    """Where each of the section's `config_paths` is read from, by the rule the runtime checks before it starts
+    anything (`check_config_paths`: absolute as given, else the current directory, then NeMo Gym's root)."""
+    try:
+        return check_config_paths(section.rooted_config_paths(), Path.cwd(), nemo_gym_install_root(section.environment))
+    except GymConfigError as e:
+        raise GymConfigError(f"nemo_gym.config_paths: {e}") from e
 
 
 # A uvicorn access-log line ("INFO:     127.0.0.1:4242 - "GET /health HTTP/1.1" 503 ..."): the head server logs

@@ -437,6 +437,7 @@ def blocks_of(path: Path, language: str) -> list[str]:
 def test_adding_an_environment_example_is_consistent(monkeypatch):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
+    from recipe.nemo_gym.gym.seams import section_config_paths
     from recipe.nemo_gym_testing.cpu_policy import tiny_model
     from recipe.nemo_gym_testing.cpu_training.job import spec_from_json
 
@@ -449,7 +450,7 @@ def test_adding_an_environment_example_is_consistent(monkeypatch):
 
     plugin_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if t.startswith("nemo_gym:"))
     assert plugin_yaml == yaml.safe_load(spec.agent_loop_config.read_text()), "the doc's plugin YAML is not the file"
-    config_paths = load_config(spec.agent_loop_config).nemo_gym.resolved_config_paths()
+    config_paths = section_config_paths(load_config(spec.agent_loop_config).nemo_gym)
     environment_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if "resources_servers:" in t)
     assert environment_yaml == yaml.safe_load(config_paths[1].read_text()), "the doc's environment config"
 
