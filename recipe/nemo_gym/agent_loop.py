@@ -60,6 +60,7 @@ from recipe.nemo_gym.advantages import FAILURE_AWARE, plain_estimator_warning, r
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.data_check import DataFilesError, check_data_files, configured_files
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym.attach import AttachedGym, AttachSpec
@@ -118,7 +119,7 @@ class NeMoGymAgentLoopManager:
         reward_loop_worker_handles=None,
     ):
         if teacher_client:
-            raise ValueError(
+            raise ConfigError(
                 "NeMoGymAgentLoopManager does not support teacher models (distillation): NeMo Gym runs the "
                 "episode and its environment gives the reward. Remove the teacher configuration."
             )
@@ -128,7 +129,7 @@ class NeMoGymAgentLoopManager:
         self.rollout_config = config.actor_rollout_ref.rollout
         path = self.rollout_config.agent.get("agent_loop_config_path")
         if not path:
-            raise ValueError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the plugin YAML")
+            raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the plugin YAML")
         self.config_path = str(path)
         self.plugin_config: NeMoGymConfig = load_config(path)
         self.llm_client = llm_client

@@ -38,11 +38,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from recipe.nemo_gym.errors import ConfigError
+
 _VAR = re.compile(r"\$(\w+)|\$\{([^}]+)\}")
-
-
-class ConfigError(ValueError):
-    """The plugin's YAML is missing, malformed, or names a key or value we do not accept."""
 
 
 class _Strict(BaseModel):
@@ -126,33 +124,11 @@ class NeMoGymSection(_Strict):
             )
         return self
 
-    def resolved_root(self) -> Path:
-        if self.root is not None:
-            return self.root
-        from recipe.nemo_gym.gym.errors import GymConfigError
-        from recipe.nemo_gym.gym.seams import nemo_gym_install_root
-
-        try:
-            return nemo_gym_install_root(self.environment)
-        except GymConfigError as e:
-            raise ConfigError(f"nemo_gym.root is not set and {e}") from e
-
     def rooted_config_paths(self) -> list[str]:
         """`config_paths` as NeMo Gym is handed them: relative ones made absolute under `root` when it is set."""
         if self.root is None:
             return list(self.config_paths)
         return [p if Path(p).is_absolute() else str(self.root / p) for p in self.config_paths]
-
-    def resolved_config_paths(self) -> list[Path]:
-        """Where each config is read from, by the rule the runtime checks before it starts anything
-        (`gym.seams.check_config_paths`: absolute as given, else the current directory, then NeMo Gym's root)."""
-        from recipe.nemo_gym.gym.errors import GymConfigError
-        from recipe.nemo_gym.gym.seams import check_config_paths, nemo_gym_install_root
-
-        try:
-            return check_config_paths(self.rooted_config_paths(), Path.cwd(), nemo_gym_install_root(self.environment))
-        except GymConfigError as e:
-            raise ConfigError(f"nemo_gym.config_paths: {e}") from e
 
 
 class Timeouts(_Strict):

@@ -32,6 +32,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recipe.nemo_gym.errors import ConfigError
+
 __all__ = [
     "PLUGIN_CONFIG_KEY",
     "BadRow",
@@ -92,7 +94,7 @@ class DataCheck:
     bad: tuple[BadRow, ...]
 
 
-class DataFilesError(ValueError):
+class DataFilesError(ConfigError):
     """Rows of the training or validation files that cannot run; every one is listed (up to `MAX_LISTED`)."""
 
     def __init__(self, check: DataCheck, paths: Sequence[str], hint: str = ""):

@@ -47,6 +47,7 @@ import torch
 from torch.utils.data import Dataset
 
 from recipe.nemo_gym.data_check import check_before_workers, validate_row
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
 
 __all__ = ["ROW_KEY", "NeMoGymJSONLDataset", "NeMoGymRowError"]
@@ -54,7 +55,7 @@ __all__ = ["ROW_KEY", "NeMoGymJSONLDataset", "NeMoGymRowError"]
 ROW_KEY = "nemo_gym_row"
 
 
-class NeMoGymRowError(ValueError):
+class NeMoGymRowError(ConfigError):
     """A JSONL row that is not a usable NeMo Gym row; the message names the file and line."""
 
     def __init__(self, path: str, line: int, problem: str):
@@ -75,7 +76,7 @@ def _as_paths(data_files: Any) -> list[str]:
         data_files = [data_files]
     paths = [os.path.expanduser(os.fspath(p)) for p in data_files]
     if not paths:
-        raise ValueError("NeMoGymJSONLDataset needs at least one data file")
+        raise ConfigError("NeMoGymJSONLDataset needs at least one data file")
     return paths
 
 
@@ -96,14 +97,14 @@ class NeMoGymJSONLDataset(Dataset):
         self._sizes: list[int] = []
         for path in self.paths:
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"NeMo Gym data file not found: {path}")
+                raise ConfigError(f"NeMo Gym data file not found: {path}")
             self._offsets.append(index_jsonl(path))
             self._sizes.append(os.path.getsize(path))
         # _ends[f] = number of rows in files 0..f; row r lives in the first file whose end exceeds r.
         self._ends = np.cumsum([len(o) for o in self._offsets], dtype=np.int64)
         total = int(self._ends[-1])
         if total == 0:
-            raise ValueError(f"no rows in {', '.join(self.paths)}")
+            raise ConfigError(f"no rows in {', '.join(self.paths)}")
 
         self._selection: np.ndarray | None = None
         if max_samples is not None and 0 < max_samples < total:

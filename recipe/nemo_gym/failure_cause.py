@@ -44,7 +44,7 @@ _MESSAGE_ENDS = (
 
 
 @dataclass(frozen=True)
-class FailureCause:
+class TracebackCause:
     exception: str
     """The exception's class name, without its module (`RolloutAborted`, `OutOfMemoryError`)."""
     lines: tuple[str, ...]
@@ -61,7 +61,7 @@ def clean_line(line: str) -> str:
     return _RAY_PREFIX.sub("", line)
 
 
-def failure_cause(text: str) -> FailureCause | None:
+def failure_cause(text: str) -> TracebackCause | None:
     """The innermost exception of the last traceback in a run's console output; None when there is none."""
     lines = [clean_line(line) for line in text.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
@@ -87,7 +87,7 @@ def failure_cause(text: str) -> FailureCause | None:
     shown = [_clip(line) for line in message[:MAX_LINES]]
     if len(message) > MAX_LINES:
         shown[-1] = f"... ({len(message) - MAX_LINES + 1} more lines in the log)"
-    return FailureCause(exception=match["name"], lines=tuple(shown))
+    return TracebackCause(exception=match["name"], lines=tuple(shown))
 
 
 def _is_wrapper(match: re.Match[str]) -> bool:

@@ -31,6 +31,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from recipe.nemo_gym.errors import RefusedError, RolloutError
+
 
 class FailureKind(enum.StrEnum):
     INFRASTRUCTURE = "infrastructure"
@@ -73,7 +75,7 @@ class EpisodeFailure:
         return f"{where}{self.cause.value}: {self.detail}"
 
 
-class EpisodeDataError(ValueError):
+class EpisodeDataError(RefusedError):
     """Raised by the pure packing functions when a NeMo Gym result breaks an invariant."""
 
     def __init__(self, cause: FailureCause, detail: str):
@@ -82,11 +84,11 @@ class EpisodeDataError(ValueError):
         self.detail = detail
 
 
-class RolloutAborted(RuntimeError):
+class RolloutAborted(RolloutError):
     """The whole batch is lost: a server died, or the batch outlived its deadline."""
 
 
-class FailureBudgetExceeded(RuntimeError):
+class FailureBudgetExceeded(RolloutError):
     """More episodes failed in one batch than the configured budget allows."""
 
 

@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from recipe.nemo_gym.errors import ConfigError
+
 # (module, what provides it)
 MEGATRON_BRIDGE_PATH = (
     ("megatron.core", "Megatron-Core (PyPI: megatron-core)"),
@@ -45,7 +47,7 @@ Ways to get them:
 With vanilla_mbridge=true (deprecated in verl) the path needs Megatron-Core and mbridge instead."""
 
 
-class MegatronPrerequisiteError(RuntimeError):
+class MegatronPrerequisiteError(ConfigError):
     """The Megatron path verl would take imports modules this Python environment does not have."""
 
 

@@ -18,19 +18,22 @@ import time
 
 import aiohttp
 
+from recipe.nemo_gym.errors import ConfigError, ServerError
+
 
 async def discover_policy_servers(llm_client, *, deadline_s: float) -> tuple[list[str], str]:
     """Return (`["http://host:port/v1", ...]`, served model name)."""
     balancer = getattr(llm_client, "_load_balancer", None)  # verl 0.9.1: no public accessor
     if balancer is None:
-        raise RuntimeError("verl's llm_client has no load balancer: cannot find the vLLM server addresses")
+        raise ConfigError("verl's llm_client has no load balancer: cannot find the vLLM server addresses")
     addresses = await balancer.get_all_servers.remote()
     if not addresses:
-        raise RuntimeError("verl's load balancer lists no vLLM server")
+        raise ServerError("verl's load balancer lists no vLLM server")
     base_urls = [f"http://{address}/v1" for address in addresses]
     names = await asyncio.gather(*(served_model_name(url, deadline_s=deadline_s) for url in base_urls))
     if len(set(names)) != 1:
-        raise RuntimeError(f"verl's vLLM servers serve different models: {dict(zip(base_urls, names, strict=True))}")
+        served = dict(zip(base_urls, names, strict=True))
+        raise ServerError(f"verl's vLLM servers serve different models: {served}", base_urls)
     return base_urls, names[0]
 
 
@@ -47,4 +50,6 @@ async def served_model_name(base_url: str, *, deadline_s: float) -> str:
             except (TimeoutError, aiohttp.ClientError, KeyError, IndexError) as e:
                 last_error = e
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    raise TimeoutError(f"vLLM server {base_url} did not answer GET /models within {deadline_s:.0f} s: {last_error!r}")
+    raise ServerError(
+        f"vLLM server {base_url} did not answer GET /models within {deadline_s:.0f} s: {last_error!r}", [base_url]
+    )

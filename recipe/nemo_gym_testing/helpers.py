@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import json
 import os
@@ -30,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -260,6 +263,56 @@ def workplace_row(marker: str = "") -> dict[str, Any]:
     if marker:
         row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
     return row
+
+
+# ---------------------------------------------------------------------------------------- source scan
+
+
+@dataclass(frozen=True)
+class DefinedClass:
+    name: str
+    bases: tuple[str, ...]
+    """Each base as written, without its module (`errors.ConfigError` -> `ConfigError`)."""
+    where: str
+    """`path:line`, the path relative to the repository."""
+
+
+BUILTIN_EXCEPTIONS = frozenset(
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+)
+
+
+def defined_classes(roots: Iterable[Path]) -> list[DefinedClass]:
+    """Every class defined in the Python files under `roots`, nested ones too, read with `ast` (nothing imported)."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    bases = tuple(ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases)
+                    found.append(DefinedClass(node.name, bases, f"{path.relative_to(REPO_ROOT)}:{node.lineno}"))
+    return found
+
+
+def exception_classes(roots: Iterable[Path]) -> dict[str, tuple[str, frozenset[str]]]:
+    """Every class under `roots` that derives, through classes defined there, from a built-in exception: name ->
+    (`path:line`, the names of all its ancestors)."""
+    classes = defined_classes(roots)
+    bases: dict[str, set[str]] = {}
+    for c in classes:
+        bases.setdefault(c.name, set()).update(c.bases)
+
+    def ancestors(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        found = set(bases.get(name, ()))
+        for base in bases.get(name, ()):
+            if base not in seen:
+                found |= ancestors(base, seen | {name})
+        return found
+
+    where = {}
+    for c in classes:
+        where.setdefault(c.name, c.where)
+    return {name: (where[name], frozenset(up)) for name in bases if (up := ancestors(name)) & BUILTIN_EXCEPTIONS}
 
 
 # ------------------------------------------------------------------------------ submit scripts, DRY_RUN

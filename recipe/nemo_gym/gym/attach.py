@@ -42,7 +42,7 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.client import HeadClient, get_json
 from recipe.nemo_gym.gym.connection import GymConnection
 from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout
-from recipe.nemo_gym.gym.health import http_alive, probe_http
+from recipe.nemo_gym.gym.health import FailureStreaks, probe_http, wait_until_answering
 from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, install_exit_hooks
 from recipe.nemo_gym.gym.relay import PolicyRelay
 from recipe.nemo_gym.gym.spec import ServerInstance
@@ -194,26 +194,30 @@ def publish_endpoint(path: Path, url: str) -> None:
 
 
 class RemoteServerWatch:
-    """Consecutive unanswered `GET /` probes per Gym server, for one batch; `max_failures` in a row raise
-    `GymServerDied` naming the server, its URL and the last reason. An answer resets the count."""
+    """Consecutive unanswered `GET /` probes per Gym server, for one batch (`FailureStreaks`); `max_failures` in a
+    row raise `GymServerDied` naming the server, its URL and the last reason. An answer resets the count."""
 
     def __init__(self, servers: Sequence[ServerInstance], timeout_s: float, max_failures: int):
         self.servers = [s for s in servers if s.url]
         self.timeout_s = timeout_s
         self.max_failures = max_failures
-        self.failures: dict[str, int] = {s.name: 0 for s in self.servers}
+        self.streaks = FailureStreaks([s.name for s in self.servers], max_failures)
+
+    @property
+    def failures(self) -> dict[str, int]:
+        return self.streaks.counts
 
     def record(self, results: Sequence[tuple[ServerInstance, bool, str]]) -> None:
-        dead = []
-        for server, alive, detail in results:
-            self.failures[server.name] = 0 if alive else self.failures[server.name] + 1
-            if self.failures[server.name] >= self.max_failures:
-                dead.append(
-                    f"NeMo Gym server {server.name!r} at {server.url} did not answer {self.failures[server.name]} "
-                    f"health checks in a row (last: {detail})"
-                )
-        if dead:
-            names = [s.name for s, _, _ in results if self.failures[s.name] >= self.max_failures]
+        last = {server.name: (server, detail) for server, _, detail in results}
+        for server, alive, _ in results:
+            self.streaks.record(server.name, alive, 0.0)
+        names = [name for name in self.streaks.over_limit() if name in last]
+        if names:
+            dead = [
+                f"NeMo Gym server {name!r} at {last[name][0].url} did not answer {self.streaks.counts[name]} "
+                f"health checks in a row (last: {last[name][1]})"
+                for name in names
+            ]
             raise GymServerDied("\n".join(dead) + " (the attached Gym runs elsewhere: see its own logs)", names)
 
     async def check(self) -> None:
@@ -293,26 +297,23 @@ class AttachedGym(GymConnection):
         )  # fmt: skip
 
     def _wait_until_answering(self, head: HeadClient, deadline: float) -> list[ServerInstance]:
-        waited = False
-        while True:
-            servers: list[ServerInstance] = []
-            with contextlib.suppress(OSError):
-                servers = head.instances()
-                if servers and all(s.host and http_alive(s.host, s.port, 2.0) for s in servers):
-                    return servers
-            if time.monotonic() > deadline:
-                not_ready = [s.name for s in servers if not (s.host and http_alive(s.host, s.port, 1.0))]
-                what = f"servers not answering HTTP: {not_ready}" if servers else "its head server did not answer"
-                raise GymStartTimeout(
-                    f"the NeMo Gym at {self.spec.head_server_url} was not ready within "
-                    f"{self.spec.startup_timeout_s:g}s ({what}). Is it started, and reachable from this node? "
-                    "(Gym binds its servers to 127.0.0.1 unless started with +use_absolute_ip=true)",
-                    not_ready or ["head_server"],
-                )
+        waited: list[bool] = []
+
+        def say_once(_: list[ServerInstance]) -> None:
             if not waited:
                 logger.warning("Waiting for the NeMo Gym at %s to list its servers", self.spec.head_server_url)
-                waited = True
-            time.sleep(_POLL_S)
+                waited.append(True)
+
+        servers, not_ready = wait_until_answering(head, deadline, _POLL_S, say_once)
+        if not servers or not_ready:
+            what = f"servers not answering HTTP: {not_ready}" if servers else "its head server did not answer"
+            raise GymStartTimeout(
+                f"the NeMo Gym at {self.spec.head_server_url} was not ready within "
+                f"{self.spec.startup_timeout_s:g}s ({what}). Is it started, and reachable from this node? "
+                "(Gym binds its servers to 127.0.0.1 unless started with +use_absolute_ip=true)",
+                not_ready or ["head_server"],
+            )
+        return servers
 
     async def _check_gym(self) -> None:
         assert self._watch is not None

@@ -50,6 +50,12 @@ CONNECT_RETRIES = 3
 CONNECT_RETRY_DELAY_S = 0.5
 
 
+def server_root(base_url: str) -> str:
+    """`http://host:port` of an OpenAI base URL (`http://host:port/v1`): where vLLM serves `/health` and `/metrics`."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
 # ----------------------------------------------------------------------------------------- pure parsing
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
 
@@ -66,7 +67,7 @@ def validate_examples(
         agents.append(name)
     if bad:
         shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise ValueError(
+        raise ConfigError(
             f"{len(bad)} of {len(examples)} rows cannot run on the agents of {config} "
             f"(configured agents: {sorted(agent_names)}); nothing was sent: {shown}"
         )

@@ -1,43 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The errors NeMo Gym's servers raise under the plugin.
+"""The errors of NeMo Gym's servers under the plugin, in the plugin's families (`recipe/nemo_gym/errors.py`).
 
-Contract: every error is a `GymRuntimeError`. `GymConfigError` means nothing was started; `GymServerDied` and
-`GymStartTimeout` name the servers concerned in `servers`. Episode failures and aborted batches are not here:
-they are `recipe.nemo_gym.failures.EpisodeFailure` and `RolloutAborted`.
+`GymConfigError` (a `ConfigError`) means nothing was started. The others are `ServerError`s and name the servers
+concerned in `servers`: NeMo Gym server names, or for `PolicyServerUnreachable` the policy's base URLs (verl's
+vLLM servers, which are not NeMo Gym's). Episode failures and aborted batches are not here: they are
+`recipe.nemo_gym.failures.EpisodeFailure` and `RolloutAborted`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from recipe.nemo_gym.errors import ConfigError, ServerError
 
 
-class GymRuntimeError(RuntimeError):
-    """NeMo Gym's servers could not be started, or are not healthy."""
-
-
-class GymConfigError(GymRuntimeError, ValueError):
+class GymConfigError(ConfigError):
     """The spec or a NeMo Gym config it names is wrong; nothing was started."""
 
 
-class HeadPortInUseError(GymRuntimeError):
+class HeadPortInUseError(ServerError):
     """The head server's port is taken by another process; nothing was started."""
 
 
-class GymServerDied(GymRuntimeError):
-    """One or more NeMo Gym server processes exited. `servers` names them."""
-
-    def __init__(self, message: str, servers: Sequence[str]):
-        super().__init__(message)
-        self.servers = tuple(servers)
+class GymServerDied(ServerError):
+    """One or more NeMo Gym server processes exited, or NeMo Gym was shut down. `servers` names them."""
 
 
-class PolicyServerUnreachable(GymServerDied):
+class PolicyServerUnreachable(ServerError):
     """Policy (vLLM) servers that stopped answering HTTP. `servers` holds their base URLs."""
 
 
-class GymStartTimeout(GymRuntimeError, TimeoutError):
+class GymStartTimeout(ServerError, TimeoutError):
     """Servers did not all answer HTTP before the start-up deadline. `servers` names those that did not."""
-
-    def __init__(self, message: str, servers: Sequence[str]):
-        super().__init__(message)
-        self.servers = tuple(servers)

@@ -16,15 +16,16 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from recipe.nemo_gym.gym.client import get_json
+from recipe.nemo_gym.gym.client import HeadClient, get_json, server_root
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
 from recipe.nemo_gym.gym.processes import ProcessTree, exit_description
 from recipe.nemo_gym.gym.spec import ServerInstance
@@ -37,6 +38,26 @@ def http_alive(host: str, port: int, timeout_s: float) -> bool:
     except OSError:
         return False
     return True
+
+
+def wait_until_answering(
+    head: HeadClient, deadline: float, poll_s: float, between: Callable[[list[ServerInstance]], None]
+) -> tuple[list[ServerInstance], list[str]]:
+    """Poll Gym's head server until it lists its servers and every one answers HTTP (ready, in 0.4.0 and 0.7.0;
+    0.7's own `/health` also waits for checks the plugin does not need). Returns (the servers, []) then, or at
+    `deadline` (the servers last listed, the names of those not answering) for the caller to raise in its own words.
+    `between(servers)` runs after each round that is not ready, before the deadline is checked: a check of the
+    caller's own (did a process it started die?), which may raise."""
+    while True:
+        servers: list[ServerInstance] = []
+        with contextlib.suppress(OSError):
+            servers = head.instances()
+            if servers and all(s.host and http_alive(s.host, s.port, 2.0) for s in servers):
+                return servers, []
+        between(servers)
+        if time.monotonic() > deadline:
+            return servers, [s.name for s in servers if not (s.host and http_alive(s.host, s.port, 1.0))]
+        time.sleep(poll_s)
 
 
 # ------------------------------------------------------------------------------------ NeMo Gym's servers
@@ -106,10 +127,7 @@ def check_server_health(report: HealthReport, tail: Callable[[str], str] = lambd
 
 def policy_health_url(base_url: str) -> str:
     """vLLM's health endpoint for a policy server's OpenAI base URL: `<root>/health`, `<root>` without `/v1`."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return f"{root}/health"
+    return f"{server_root(base_url)}/health"
 
 
 @dataclass(frozen=True)
@@ -152,6 +170,33 @@ async def probe_policy_server(base_url: str, timeout_s: float) -> ProbeResult:
     return ProbeResult(base_url, alive, detail)
 
 
+class FailureStreaks:
+    """How many health probes in a row each server (a key) has failed, and since when; any answer resets it. The
+    one counter behind `PolicyWatch` and the attached Gym's `RemoteServerWatch`."""
+
+    def __init__(self, keys: Iterable[str], limit: int):
+        if limit < 1:
+            raise ValueError(f"max_failures must be >= 1, got {limit}")
+        self.limit = limit
+        self.counts: dict[str, int] = dict.fromkeys(keys, 0)
+        self._since: dict[str, float] = {}
+
+    def record(self, key: str, alive: bool, now: float) -> None:
+        if alive:
+            self.counts[key] = 0
+            self._since.pop(key, None)
+        else:
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self._since.setdefault(key, now)
+
+    def over_limit(self) -> list[str]:
+        """The keys that failed `limit` probes in a row, in the order they were first given."""
+        return [key for key, count in self.counts.items() if count >= self.limit]
+
+    def failing_for(self, key: str, now: float) -> float:
+        return now - self._since.get(key, now)
+
+
 class PolicyWatch:
     """Counts consecutive failed health probes per policy server, for one batch.
 
@@ -170,36 +215,32 @@ class PolicyWatch:
         probe: Callable[[str, float], Any] = probe_policy_server,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if max_failures < 1:
-            raise ValueError(f"max_failures must be >= 1, got {max_failures}")
         self.base_urls = tuple(base_urls)
         self.timeout_s = timeout_s
         self.max_failures = max_failures
         self._probe = probe
         self._clock = clock
-        self.failures: dict[str, int] = dict.fromkeys(self.base_urls, 0)
-        self._failing_since: dict[str, float] = {}
+        self.streaks = FailureStreaks(self.base_urls, max_failures)
         self.probes = 0
+
+    @property
+    def failures(self) -> dict[str, int]:
+        return self.streaks.counts
 
     def record(self, results: Sequence[ProbeResult], now: float) -> None:
         self.probes += 1
-        dead = []
+        last = {r.base_url: r for r in results}
         for result in results:
-            if result.alive:
-                self.failures[result.base_url] = 0
-                self._failing_since.pop(result.base_url, None)
-                continue
-            self.failures[result.base_url] = self.failures.get(result.base_url, 0) + 1
-            since = self._failing_since.setdefault(result.base_url, now)
-            if self.failures[result.base_url] >= self.max_failures:
-                dead.append((result, now - since))
+            self.streaks.record(result.base_url, result.alive, now)
+        dead = [last[url] for url in self.streaks.over_limit() if url in last]
         if dead:
             lines = [
                 f"policy server {r.base_url} did not answer GET {policy_health_url(r.base_url)} "
-                f"{self.failures[r.base_url]} times in a row over {elapsed:.1f}s (last: {r.detail})"
-                for r, elapsed in dead
+                f"{self.failures[r.base_url]} times in a row over {self.streaks.failing_for(r.base_url, now):.1f}s "
+                f"(last: {r.detail})"
+                for r in dead
             ]
-            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r, _ in dead])
+            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r in dead])
 
     async def check(self) -> None:
         results = await asyncio.gather(*(self._probe(url, self.timeout_s) for url in self.base_urls))

@@ -71,8 +71,8 @@ from recipe.nemo_gym.gym.health import (
     HealthReport,
     ServerHealth,
     check_server_health,
-    http_alive,
     server_health,
+    wait_until_answering,
 )
 from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTree, exit_description, install_exit_hooks
 from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
@@ -122,24 +122,6 @@ def check_port_free(host: str, port: int) -> None:
                 f"NeMo Gym head server port {host}:{port} is already in use{by} ({e.strerror}). "
                 "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
             ) from None
-
-
-# A uvicorn access-log line ("INFO:     127.0.0.1:4242 - "GET /health HTTP/1.1" 503 ..."): the head server logs
-# every readiness poll of ours, which would fill a log's tail with nothing but our own requests.
-_ACCESS_LINE = re.compile(r'^(\([^)]*\) )?INFO: +\S+ - "[A-Z]+ \S+ HTTP/')
-
-
-def file_tail(path: Path | None, lines: int = 30) -> str:
-    """The last `lines` lines of a log file, access-log lines left out, headed by its path; "" when there is none."""
-    if path is None:
-        return ""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    kept = [line for line in text.splitlines() if not _ACCESS_LINE.match(line)]
-    tail = "\n".join(kept[-lines:])
-    return f"\n--- last lines of {path} (HTTP access lines left out) ---\n{tail}" if tail else ""
 
 
 class GymRuntime(GymConnection):
@@ -253,8 +235,8 @@ class GymRuntime(GymConnection):
         spec, tree = self.spec, self._tree
         assert tree is not None
         head = HeadClient(spec.head_server_host, spec.head_server_port, timeout_s=5.0)
-        servers: list[ServerInstance] = []
-        while True:
+
+        def still_starting(servers: list[ServerInstance]) -> None:
             tree.refresh()
             code = tree.launcher_exit_code()
             if code is not None:
@@ -262,25 +244,20 @@ class GymRuntime(GymConnection):
             dead = [s.name for s in server_health(servers, None).servers if not s.alive]
             if dead:
                 raise GymServerDied(f"NeMo Gym server(s) {dead} died during start-up.{self._log_tail(dead[0])}", dead)
-            with contextlib.suppress(OSError):
-                # The head server lists the servers once it has started every one (0.4.0 and 0.7.0): listed and
-                # answering HTTP is ready. (0.7's own `/health` also waits for Gym's model-endpoint probe and its
-                # memory profiler, which the plugin does not need.)
-                servers = head.instances()
-                if servers and all(s.host and http_alive(s.host, s.port, 2.0) for s in servers):
-                    config = head.config()
-                    break
-            if time.monotonic() > deadline:
-                not_ready = [s.name for s in servers if not (s.host and http_alive(s.host, s.port, 1.0))]
-                what = f"not answering HTTP: {not_ready}"
-                if not servers:
-                    what = f"the head server {head.url} never listed its servers"
-                raise GymStartTimeout(
-                    f"NeMo Gym servers not ready within {spec.startup_timeout_s:g}s; {what}."
-                    f"{file_tail(self.launcher_log)}",
-                    not_ready or ["head_server"],
-                )
-            time.sleep(_POLL_S)
+
+        servers, not_ready = wait_until_answering(head, deadline, _POLL_S, still_starting)
+        if not servers or not_ready:
+            what = (
+                f"not answering HTTP: {not_ready}"
+                if servers
+                else f"the head server {head.url} never listed its servers"
+            )
+            raise GymStartTimeout(
+                f"NeMo Gym servers not ready within {spec.startup_timeout_s:g}s; {what}."
+                f"{seams.file_tail(self.launcher_log)}",
+                not_ready or ["head_server"],
+            )
+        config = head.config()
         self.servers = tuple(servers)  # before the checks below: a shutdown after them still knows the servers
         self._adopt(config, servers, str(list(spec.all_config_paths)))
         tree.refresh()
@@ -291,7 +268,7 @@ class GymRuntime(GymConnection):
             text = self.launcher_log.read_text(errors="replace") if self.launcher_log else ""
         named = sorted(set(_FINISHED.findall(text)))
         what = f"server(s) {named} ended {when}, and its launcher" if named else f"launcher ended {when}: it"
-        tail = self._log_tail(named[0]) if named else file_tail(self.launcher_log)
+        tail = self._log_tail(named[0]) if named else seams.file_tail(self.launcher_log)
         raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
 
     # ---------------------------------------------------------------- processes and health
@@ -326,7 +303,7 @@ class GymRuntime(GymConnection):
 
     def _log_tail(self, server: str) -> str:
         """A dead server's own log (Gym writes one per server), else the launcher's (every server's lines)."""
-        return seams.log_tail(self.log_dir, server) or file_tail(self.launcher_log)
+        return seams.log_tail(self.log_dir, server) or seams.file_tail(self.launcher_log)
 
     async def _check_gym(self) -> None:
         self.check_health()

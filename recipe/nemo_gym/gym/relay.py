@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from recipe.nemo_gym.gym.client import server_root
+
 # Request headers passed on; the rest (Host, Content-Length, hop-by-hop) belong to each connection.
 _FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
 
@@ -35,12 +37,6 @@ def pick_server(in_flight: Sequence[int], start: int) -> int:
         if in_flight[i] < in_flight[best]:
             best = i
     return best
-
-
-def server_root(base_url: str) -> str:
-    """`http://host:port` of an OpenAI base URL (`http://host:port/v1`)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 class PolicyRelay:

@@ -5,7 +5,8 @@ Contract:
 - `nemo_gym_install_root(environment)` is the one lookup of Gym's root (its `PARENT_DIR`) in the Gym
   environment the plugin runs (`environment.py`), asked of that environment's interpreter.
 - `resolve_config_path` / `check_config_paths` are the one config-path rule: Gym's own (0.4.0 and 0.7.0).
-- `log_tail` reads the log file Gym writes per server (`run_command`, same naming in 0.4.0 and 0.7.0).
+- `log_tail` reads the log file Gym writes per server (`run_command`, same naming in 0.4.0 and 0.7.0);
+  `file_tail` any log's last lines without uvicorn's access lines.
 - `write_interpreter_shim` / `link_server_venvs` / `server_dirs` mirror how Gym finds a server's venv
   (`get_venv_path` / `setup_env_command`).
 """
@@ -15,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from recipe.nemo_gym.config import NeMoGymSection
 from recipe.nemo_gym.gym.errors import GymConfigError
 
 _SHIM_DIR_NAME = "_interpreter_shim"
@@ -69,17 +72,47 @@ def check_config_paths(paths: Sequence[str], cwd: Path, install_root: Path) -> l
     return resolved
 
 
-def log_tail(log_dir: Path | None, server: str, lines: int = 20) -> str:
-    """The last lines of a server's NeMo Gym log file (named as `run_command` names it), if any."""
-    if log_dir is None:
+def section_root(section: NeMoGymSection) -> Path:
+    """NeMo Gym's root for the plugin config's `nemo_gym` section: its `root` when set, else the root of the Gym
+    environment it names (`nemo_gym_install_root`)."""
+    if section.root is not None:
+        return section.root
+    try:
+        return nemo_gym_install_root(section.environment)
+    except GymConfigError as e:
+        raise GymConfigError(f"nemo_gym.root is not set and {e}") from e
+
+
+def section_config_paths(section: NeMoGymSection) -> list[Path]:
+    """Where each of the section's `config_paths` is read from, by the rule the runtime checks before it starts
+    anything (`check_config_paths`: absolute as given, else the current directory, then NeMo Gym's root)."""
+    try:
+        return check_config_paths(section.rooted_config_paths(), Path.cwd(), nemo_gym_install_root(section.environment))
+    except GymConfigError as e:
+        raise GymConfigError(f"nemo_gym.config_paths: {e}") from e
+
+
+# A uvicorn access-log line ("INFO:     127.0.0.1:4242 - "GET /health HTTP/1.1" 503 ..."): the head server logs
+# every readiness poll of ours, which would fill a log's tail with nothing but our own requests.
+_ACCESS_LINE = re.compile(r'^(\([^)]*\) )?INFO: +\S+ - "[A-Z]+ \S+ HTTP/')
+
+
+def file_tail(path: Path | None, lines: int = 30) -> str:
+    """The last `lines` lines of a log file, access-log lines left out, headed by its path; "" when there is none."""
+    if path is None:
         return ""
-    path = log_dir / f"{server.replace('/', '_')}.log"
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    tail = "\n".join(text.splitlines()[-lines:])
-    return f"\n--- last lines of {path} ---\n{tail}" if tail else ""
+    kept = [line for line in text.splitlines() if not _ACCESS_LINE.match(line)]
+    tail = "\n".join(kept[-lines:])
+    return f"\n--- last lines of {path} (HTTP access lines left out) ---\n{tail}" if tail else ""
+
+
+def log_tail(log_dir: Path | None, server: str, lines: int = 20) -> str:
+    """The last lines of a server's NeMo Gym log file (named as `run_command` names it), if any (`file_tail`)."""
+    return "" if log_dir is None else file_tail(log_dir / f"{server.replace('/', '_')}.log", lines)
 
 
 def write_interpreter_shim(venv_dir: Path, python: str) -> Path:

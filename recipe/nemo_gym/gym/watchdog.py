@@ -66,7 +66,10 @@ class Watchdog:
             ready, _, _ = select.select([done_read], [], [], timeout_s)
             line = os.read(done_read, 64) if ready else b""
             if not line.strip().isdigit():
-                raise RuntimeError(f"NeMo Gym server watchdog did not start within {timeout_s:g} s")
+                # Imported here, in the trainer: the watchdog runs this file alone (`python -I`), stdlib and psutil.
+                from recipe.nemo_gym.errors import ServerError
+
+                raise ServerError(f"NeMo Gym server watchdog did not start within {timeout_s:g} s")
         except BaseException:
             os.close(write_fd)
             os.close(done_read)

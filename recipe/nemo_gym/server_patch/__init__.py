@@ -36,6 +36,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.server_patch.request import splice_chat
 from recipe.nemo_gym.server_patch.template import remember_turn_terminator
 from recipe.nemo_gym.splice.carriers import SpliceError
@@ -61,7 +62,7 @@ RENDERER_MODULE, RENDERER_CLASS, RENDERER_TEMPLATE_STEP = "vllm.renderers", "Bas
 _PATCHED_FLAG = "__nemo_gym_splice_original__"
 
 
-class UnsupportedVLLMError(RuntimeError):
+class UnsupportedVLLMError(ConfigError):
     """The installed vLLM has no chat preprocessing method this patch knows how to wrap."""
 
 

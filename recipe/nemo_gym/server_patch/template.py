@@ -26,6 +26,7 @@ import logging
 import os
 from typing import Any
 
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.splice.carriers import SpliceError
 from recipe.nemo_gym.splice.template_probe import (
     PROBE_ASSISTANT,
@@ -45,7 +46,7 @@ _TERMINATOR_ATTR = "_nemo_gym_splice_terminator"
 _PROMPTS_ATTR = "_nemo_gym_splice_generation_prompts"
 
 
-class TokenizerRoundTripError(RuntimeError):
+class TokenizerRoundTripError(ConfigError):
     """The served tokenizer does not give text back: decoding its own encoding of a plain sentence changes it, so
     the tokens vLLM (and verl, which loads the same files) produce for the model are not the model's own. Raised at
     server start-up, whatever `EOS_OVERRIDE_ENV` says: no setting of the splice makes such a tokenizer exact."""
@@ -60,7 +61,7 @@ BYTE_LEVEL_LLAMA_FIX = (
 )
 
 
-class TemplateWithoutTerminatorError(RuntimeError):
+class TemplateWithoutTerminatorError(ConfigError):
     """The chat template writes no special token after an assistant message: nothing ends a turn, so the splice
     cannot count turns. Raised when vLLM builds its chat renderer (server start-up), not per request."""
 

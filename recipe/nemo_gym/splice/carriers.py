@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recipe.nemo_gym.errors import RefusedError
 from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY, GENERATION_LOGPROBS_KEY, PROMPT_IDS_KEY
 
 
-class SpliceError(ValueError):
+class SpliceError(RefusedError):
     """The request cannot be spliced token-exactly; the message names the rule that failed.
 
     A ValueError so vLLM answers it as a 400 Bad Request with this message. The wording deliberately avoids

@@ -43,7 +43,12 @@ from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 
-from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, Generation, SampledToken, SamplingSpec
+from recipe.nemo_gym_testing.cpu_policy.model_policy import (
+    CausalLMSampler,
+    SampledGeneration,
+    SampledToken,
+    SamplingSpec,
+)
 from recipe.nemo_gym_testing.cpu_policy.script import (
     ScriptedPolicy,
     choose_rule,
@@ -235,7 +240,8 @@ class CPUEngineClient(EngineClient):
         if request_id in self._aborted:
             return _Completion([], [], [], [], "abort", None)
         loop = asyncio.get_running_loop()
-        generation: Generation = await loop.run_in_executor(self._executor, self.sampler.generate, prompt_ids, spec)
+        sample = self.sampler.generate
+        generation: SampledGeneration = await loop.run_in_executor(self._executor, sample, prompt_ids, spec)
         tokens: list[SampledToken] = generation.tokens
         return _Completion(
             [t.token_id for t in tokens],

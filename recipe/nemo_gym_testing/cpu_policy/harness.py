@@ -136,14 +136,14 @@ def manager_stack(
     "manager", "rollout"}`; all stopped on exit.
 
     `engine` (a `shared_engine.EngineInfo`): use that running engine instead of starting one. Each row of
-    `data_file` then names the script (`shared_engine.scripted_row`), and the manager gets verl's client over a
+    `data_file` then names the script (`script_choice.scripted_row`), and the manager gets verl's client over a
     load balancer listing that engine's address; `rollout` is then a `SharedRollout` (addresses only)."""
     import tempfile
 
     import ray
 
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-    from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
+    from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
     from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     config = compose_verl_config([*overrides, *standalone_overrides(replicas=replicas, scripted=script is not None)])
@@ -217,8 +217,9 @@ def example_rows(
     """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does, from
     the Gym in `environment` (`nemo_gym.environment`'s rule: unset, `$NEMO_GYM_ENV`, else `.venv-gym`)."""
     from recipe.nemo_gym.config import NeMoGymSection
+    from recipe.nemo_gym.gym.seams import section_root
 
-    root = NeMoGymSection(config_paths=["-"], environment=environment).resolved_root()
+    root = section_root(NeMoGymSection(config_paths=["-"], environment=environment))
     rows = []
     for agent in agents:
         for line in (root / EXAMPLE_DATA[agent]).read_text().splitlines():

@@ -7,7 +7,7 @@ temperature or top-k/top-p), its rank in that distribution, and the `spec.num_to
 
 Sampling follows vLLM's conventions: a temperature below 1e-5 is greedy; otherwise logits are divided by the
 temperature, filtered by `top_k` (0 or -1: off) and `top_p`, and sampled with a `torch.Generator` seeded from
-`spec.seed` (fresh entropy when None), so a seeded request is reproducible. Generation stops after the EOS
+`spec.seed` (fresh entropy when None), so a seeded request is reproducible. Sampling stops after the EOS
 ID (unless `ignore_eos`) or a stop token ID, both included in the output as vLLM includes them, or at
 `max_tokens` (finish reason "length"). Before `min_tokens` tokens, stop IDs cannot be sampled.
 
@@ -46,7 +46,7 @@ class SampledToken:
 
 
 @dataclass
-class Generation:
+class SampledGeneration:
     tokens: list[SampledToken] = field(default_factory=list)
     finish_reason: Literal["stop", "length"] = "length"
     stop_reason: int | None = None
@@ -65,7 +65,7 @@ class CausalLMSampler:
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
 
-    def generate(self, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
+    def generate(self, prompt_ids: list[int], spec: SamplingSpec) -> SampledGeneration:
         torch = self._torch
         if not prompt_ids:
             raise ValueError("cannot generate from an empty prompt")
@@ -78,7 +78,7 @@ class CausalLMSampler:
         if spec.eos_token_id is not None and not spec.ignore_eos:
             stops.add(spec.eos_token_id)
 
-        result = Generation()
+        result = SampledGeneration()
         past = None
         step_input = torch.tensor([prompt_ids], dtype=torch.long)
         with torch.inference_mode():

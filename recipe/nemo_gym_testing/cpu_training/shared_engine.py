@@ -6,12 +6,12 @@ policy used to start its own, because the engine read its script once (`SCRIPT_E
 script itself, so one engine plays every module's policy:
 
 - a NeMo Gym row carries `{"vllm_xargs": {SCRIPT_XARG: "<script.json>"}}` in `responses_create_params.metadata
-  .extra_body` (`scripted_row`). NeMo Gym's `vllm_model` server (0.4 and 0.7) merges a row's
+  .extra_body` (`script_choice.scripted_row`). NeMo Gym's `vllm_model` server (0.4 and 0.7) merges a row's
   `metadata.extra_body` into every chat completion it sends for that row's episode; vLLM 0.24's OpenAI server
   turns a request's `vllm_xargs` into `SamplingParams.extra_args`; `scripted_logits.ScriptedLogitsProcessor`
   reads the script named there when the request joins the batch. A request that names no script is the model's
   own (or the engine-wide `SCRIPT_ENV` script, where one is set).
-- A direct OpenAI request adds `script_body(script_file)` to its JSON body.
+- A direct OpenAI request adds `script_choice.script_body(script_file)` to its JSON body.
 
 `serve()` is the engine host: a process of its own (`python -m recipe.nemo_gym_testing.cpu_training.shared_engine
 STATE_FILE`) with its own local Ray and verl's standalone rollout (`standalone.verl_rollout`), so that the modules
@@ -32,29 +32,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-SCRIPT_XARG = "scripted_policy"
-"""The `vllm_xargs` key that names a request's `ScriptedPolicy` JSON file."""
 
 ENGINE_OVERRIDES = ("actor_rollout_ref.rollout.max_num_seqs=256",)
 PROMPT_LENGTH, RESPONSE_LENGTH = 8192, 1024
 STARTUP_TIMEOUT_S = 600.0
-
-
-def script_body(script_file: str | Path) -> dict[str, Any]:
-    """The part of an OpenAI request body that makes the shared engine play `script_file` for that request."""
-    return {"vllm_xargs": {SCRIPT_XARG: str(script_file)}}
-
-
-def scripted_row(row: dict[str, Any], script_file: str | Path) -> dict[str, Any]:
-    """A copy of NeMo Gym row `row` whose every model call plays `script_file` (the row's own `extra_body` kept)."""
-    params = dict(row["responses_create_params"])
-    metadata = dict(params.get("metadata") or {})
-    extra_body = json.loads(metadata.get("extra_body", "{}"))
-    extra_body["vllm_xargs"] = {**extra_body.get("vllm_xargs", {}), SCRIPT_XARG: str(script_file)}
-    metadata["extra_body"] = json.dumps(extra_body)
-    return {**row, "responses_create_params": {**params, "metadata": metadata}}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from recipe.nemo_gym.data_check import DataFilesError
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
+from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
 from recipe.nemo_gym_testing.helpers import alive, free_port, math_row, nemo_gym_processes
 
 CHILD = r"""

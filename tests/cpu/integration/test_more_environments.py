@@ -35,8 +35,9 @@ N = 2
 
 def example_rows() -> list[dict]:
     from recipe.nemo_gym.config import NeMoGymSection
+    from recipe.nemo_gym.gym.seams import section_root
 
-    root = NeMoGymSection(config_paths=["-"]).resolved_root()  # Gym's own files, in its environment
+    root = section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
     rows = []
     for agent, path in EXAMPLES.items():
         for line in (root / path).read_text().splitlines():

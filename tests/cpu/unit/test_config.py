@@ -4,6 +4,7 @@
 import pytest
 
 from recipe.nemo_gym.config import ConfigError, load_config
+from recipe.nemo_gym.gym.seams import section_config_paths
 from recipe.nemo_gym_testing.helpers import REPO_ROOT
 
 CONFIG_DIR = REPO_ROOT / "recipe" / "nemo_gym" / "configs"
@@ -12,7 +13,7 @@ CONFIG_DIR = REPO_ROOT / "recipe" / "nemo_gym" / "configs"
 @pytest.mark.parametrize("name", ["math", "workplace", "multienv"])
 def test_shipped_configs_validate_and_resolve_inside_installed_nemo_gym(name):
     config = load_config(CONFIG_DIR / f"{name}.yaml")
-    paths = config.nemo_gym.resolved_config_paths()
+    paths = section_config_paths(config.nemo_gym)
     assert paths[0].name == "vllm_model_for_training.yaml"
     assert all(p.is_file() for p in paths)
     assert config.failures.max_fraction == 0.05
@@ -49,7 +50,7 @@ def test_missing_nemo_gym_config_file_is_named(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("nemo_gym:\n  config_paths: [resources_servers/nope/configs/nope.yaml]\n")
     with pytest.raises(ConfigError, match=r"not found: .*resources_servers/nope/configs/nope\.yaml"):
-        load_config(path).nemo_gym.resolved_config_paths()
+        section_config_paths(load_config(path).nemo_gym)
 
 
 def test_missing_file_and_out_of_range_values_are_errors(tmp_path):
@@ -75,9 +76,9 @@ def test_config_paths_resolve_by_the_rule_the_runtime_checks(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     section = load_config(path).nemo_gym
     assert section.rooted_config_paths() == section.config_paths
-    assert section.resolved_config_paths() == [nemo_gym_install_root() / model, local]
+    assert section_config_paths(section) == [nemo_gym_install_root() / model, local]
     path.write_text(f"nemo_gym:\n  root: {tmp_path / 'elsewhere'}\n  config_paths: [{model}]\n")
     section = load_config(path).nemo_gym
     assert section.rooted_config_paths() == [str(tmp_path / "elsewhere" / model)]
     with pytest.raises(ConfigError, match=r"not found: .*elsewhere/responses_api_models"):
-        section.resolved_config_paths()
+        section_config_paths(section)

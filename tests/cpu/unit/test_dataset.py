@@ -21,6 +21,7 @@ from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
 
 from recipe.nemo_gym.data_check import DataFilesError, validate_row
 from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset, NeMoGymRowError
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
 from recipe.nemo_gym.verl_overrides import plugin_overrides
 from recipe.nemo_gym_testing.helpers import REPO_ROOT
@@ -273,8 +274,8 @@ def test_memory_does_not_grow_with_rows_read(tmp_path):
 
 
 def test_missing_file_and_file_without_rows_are_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match="NeMo Gym data file not found: .*nope.jsonl"):
+    with pytest.raises(ConfigError, match="NeMo Gym data file not found: .*nope.jsonl"):
         NeMoGymJSONLDataset(data_files=str(tmp_path / "nope.jsonl"), tokenizer=None, processor=None, config=None)
     (tmp_path / "blank.jsonl").write_text("\n\n")
-    with pytest.raises(ValueError, match="no rows in .*blank.jsonl"):
+    with pytest.raises(ConfigError, match="no rows in .*blank.jsonl"):
         NeMoGymJSONLDataset(data_files=str(tmp_path / "blank.jsonl"), tokenizer=None, processor=None, config=None)

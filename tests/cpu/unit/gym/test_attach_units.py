@@ -32,8 +32,9 @@ from recipe.nemo_gym.gym.attach import (
     policy_handover,
     publish_endpoint,
 )
+from recipe.nemo_gym.gym.client import server_root
 from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout
-from recipe.nemo_gym.gym.relay import PolicyRelay, pick_server, server_root
+from recipe.nemo_gym.gym.relay import PolicyRelay, pick_server
 from recipe.nemo_gym.gym.spec import ServerInstance
 from recipe.nemo_gym_testing.helpers import free_port
 

@@ -19,7 +19,6 @@ Nothing here starts a server, Ray or a trainer.
 from __future__ import annotations
 
 import ast
-import builtins
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+from recipe.nemo_gym_testing.helpers import exception_classes as scanned_exception_classes
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -61,29 +61,11 @@ def relative(path: Path) -> str:
 
 # ------------------------------------------------------------------------------------ troubleshooting.md
 
-_BUILTIN_EXCEPTIONS = {
-    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
-}
-
 
 def exception_classes(roots: tuple[Path, ...]) -> dict[str, str]:
     """Every public class defined under `roots` that derives, through classes defined there, from a built-in
     exception: name -> `file:line`. Nested classes count (vLLM's `SpliceRefusal` is made inside a function)."""
-    bases: dict[str, set[str]] = {}
-    where: dict[str, str] = {}
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.ClassDef):
-                    bases.setdefault(node.name, set()).update(ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases)
-                    where.setdefault(node.name, f"{relative(path)}:{node.lineno}")
-
-    def is_exception(name: str, seen: frozenset[str] = frozenset()) -> bool:
-        if name in _BUILTIN_EXCEPTIONS:
-            return True
-        return name not in seen and any(is_exception(b, seen | {name}) for b in bases.get(name, ()))
-
-    return {name: where[name] for name in bases if not name.startswith("_") and is_exception(name)}
+    return {name: where for name, (where, _) in scanned_exception_classes(roots).items() if not name.startswith("_")}
 
 
 _RULE = re.compile(r"rule (?:\d+|'[^']+')(?: \([^)]*\))? failed")
@@ -455,6 +437,7 @@ def blocks_of(path: Path, language: str) -> list[str]:
 def test_adding_an_environment_example_is_consistent(monkeypatch):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
+    from recipe.nemo_gym.gym.seams import section_config_paths
     from recipe.nemo_gym_testing.cpu_policy import tiny_model
     from recipe.nemo_gym_testing.cpu_training.job import spec_from_json
 
@@ -467,7 +450,7 @@ def test_adding_an_environment_example_is_consistent(monkeypatch):
 
     plugin_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if t.startswith("nemo_gym:"))
     assert plugin_yaml == yaml.safe_load(spec.agent_loop_config.read_text()), "the doc's plugin YAML is not the file"
-    config_paths = load_config(spec.agent_loop_config).nemo_gym.resolved_config_paths()
+    config_paths = section_config_paths(load_config(spec.agent_loop_config).nemo_gym)
     environment_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if "resources_servers:" in t)
     assert environment_yaml == yaml.safe_load(config_paths[1].read_text()), "the doc's environment config"
 

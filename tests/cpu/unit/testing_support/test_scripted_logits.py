@@ -20,8 +20,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
+from recipe.nemo_gym_testing.cpu_training.script_choice import SCRIPT_XARG, script_body, scripted_row
 from recipe.nemo_gym_testing.cpu_training.scripted_logits import ScriptedLogitsProcessor
-from recipe.nemo_gym_testing.cpu_training.shared_engine import SCRIPT_XARG, script_body, scripted_row
 
 VOCAB = 151669
 EOS = 151645
