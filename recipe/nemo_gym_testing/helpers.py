@@ -122,6 +122,25 @@ def alive(pids: Iterable[int]) -> list[int]:
     return left
 
 
+def release_cached_memory() -> None:
+    """Drop vLLM's and transformers' memoized objects (their `lru_cache`s: tokenizers, configs, chat renderers,
+    which they build again when asked) and return the memory freed to the operating system (glibc's `malloc_trim`).
+    A pytest worker stays up for the whole run; what one module memoized would otherwise stay beside the next
+    modules and the other worker's trainers."""
+    import ctypes
+    import functools
+    import gc
+
+    for cached in gc.get_objects():
+        if isinstance(cached, functools._lru_cache_wrapper):  # noqa: SLF001 - the type of every lru_cache
+            module = getattr(getattr(cached, "__wrapped__", None), "__module__", None) or ""
+            if module.startswith(("vllm", "transformers")):
+                cached.cache_clear()
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 # ------------------------------------------------------------------------------------- chat completion stub
 
 

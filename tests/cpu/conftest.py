@@ -240,26 +240,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory_after_module():
-    """After each module, drop vLLM's and transformers' memoized objects (their `lru_cache`s) and return the memory
-    freed to the operating system (glibc's `malloc_trim`). A pytest worker runs many modules and stays up until the
-    whole run ends: after `test_template_matrix` and `test_server_patch` (vLLM's chat render for a dozen tokenizers,
-    in process) it held 6.4 GiB beside the other worker's trainers; with every `lru_cache` cleared, 1.5 GiB (measured
-    by hand). Only vLLM's and transformers' are cleared here: theirs only memoize what they can build again."""
+    """After each module, `helpers.release_cached_memory`: vLLM's and transformers' memoized objects dropped, the
+    memory returned to the operating system. After `test_template_matrix` and `test_server_patch` (vLLM's chat render
+    for a dozen tokenizers, in process) a worker held 6.4 GiB beside the other worker's trainers; with every
+    `lru_cache` cleared, 1.5 GiB (measured by hand)."""
     yield
-    import ctypes
-    import functools
-    import gc
+    from recipe.nemo_gym_testing.helpers import release_cached_memory
 
-    for cached in gc.get_objects():  # vLLM's and transformers' memoized tokenizers, configs and renderers
-        if isinstance(cached, functools._lru_cache_wrapper):  # noqa: SLF001 - the type of every lru_cache
-            module = getattr(getattr(cached, "__wrapped__", None), "__module__", None) or ""
-            if module.startswith(("vllm", "transformers")):
-                cached.cache_clear()
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    release_cached_memory()
 
 
 @pytest.fixture(scope="module")

