@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.gym.seams import nemo_gym_install_root
     from recipe.nemo_gym_testing.cpu_policy import harness
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-    from recipe.nemo_gym_testing.cpu_training.shared_engine import scripted_row
+    from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
     from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     report: dict[str, Any] = {
