@@ -117,8 +117,8 @@ def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10
     return "\n".join(lines)
 
 
-def largest_processes(count: int = 8) -> list[str]:
-    """The `count` processes with the most resident memory: "<GiB> GiB pid <pid>: <command line>"."""
+def _processes() -> list[tuple[int, str, str]]:
+    """(resident bytes, pid, command line) of every live process, read from /proc once."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -128,8 +128,14 @@ def largest_processes(count: int = 8) -> list[str]:
             command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except (OSError, IndexError, ValueError):
             continue  # it ended while being read
-        found.append((rss, f"{rss / GIB:.2f} GiB pid {proc.name}: {command[:160]}"))
-    return [line for _, line in sorted(found, reverse=True)[:count]]
+        found.append((rss, proc.name, command))
+    return found
+
+
+def largest_processes(count: int = 8, processes: list[tuple[int, str, str]] | None = None) -> list[str]:
+    """The `count` processes with the most resident memory: "<GiB> GiB pid <pid>: <command line>"."""
+    ranked = sorted(_processes() if processes is None else processes, key=lambda p: p[0], reverse=True)
+    return [f"{rss / GIB:.2f} GiB pid {pid}: {command[:160]}" for rss, pid, command in ranked[:count]]
 
 
 XDIST_TITLE = "[pytest-xdist running] "
@@ -139,17 +145,6 @@ XDIST_TITLE = "[pytest-xdist running] "
 def running_tests(titles: Iterable[str]) -> list[str]:
     """The tests pytest-xdist's workers are running, read from the processes' titles (command lines)."""
     return sorted(title[len(XDIST_TITLE) :].strip() for title in titles if title.startswith(XDIST_TITLE))
-
-
-def _command_lines() -> list[str]:
-    lines = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
-            except OSError:
-                continue  # it ended while being read
-    return lines
 
 
 def sample(folder: Path) -> None:
@@ -171,9 +166,11 @@ def sample(folder: Path) -> None:
         used = memory_in_use(meminfo.read_text())
         if used >= peak or not out.exists():
             peak = max(peak, used)
+            processes = _processes()
             record = {"peak_bytes": peak, "start_bytes": start, "total_bytes": total, "sample_s": SAMPLE_S,
-                      "started_at": started_at, "peak_at": time.time(), "largest_processes": largest_processes(),
-                      "running": running_tests(_command_lines())}  # fmt: skip
+                      "started_at": started_at, "peak_at": time.time(),
+                      "largest_processes": largest_processes(processes=processes),
+                      "running": running_tests(command for _, _, command in processes)}  # fmt: skip
             partial.write_text(json.dumps(record))
             partial.replace(out)
         if not running:

@@ -200,7 +200,6 @@ class RemoteServerWatch:
     def __init__(self, servers: Sequence[ServerInstance], timeout_s: float, max_failures: int):
         self.servers = [s for s in servers if s.url]
         self.timeout_s = timeout_s
-        self.max_failures = max_failures
         self.streaks = FailureStreaks([s.name for s in self.servers], max_failures)
 
     @property

@@ -217,7 +217,6 @@ class PolicyWatch:
     ):
         self.base_urls = tuple(base_urls)
         self.timeout_s = timeout_s
-        self.max_failures = max_failures
         self._probe = probe
         self._clock = clock
         self.streaks = FailureStreaks(self.base_urls, max_failures)
@@ -248,5 +247,5 @@ class PolicyWatch:
 
     def waiting_on(self) -> str | None:
         """What the batch is waiting on while some policy server fails its probes (for the progress line), or None."""
-        failing = [f"{url} ({n} of {self.max_failures} probes unanswered)" for url, n in self.failures.items() if n]
+        failing = [f"{url} ({n} of {self.streaks.limit} probes unanswered)" for url, n in self.failures.items() if n]
         return f"policy server {', '.join(failing)} not answering" if failing else None

@@ -8,10 +8,18 @@ node), the qwen3 reasoning parser and the hermes tool parser, and a scripted pol
 its shipped training config (`vllm_model_for_training.yaml`: `return_token_id_information: true`,
 `uses_reasoning_parser: true`) and driven through `/v1/responses` the way an agent drives it: each turn's output
 items go back as input.
+
+Last, on the same server, the plugin's manager over NeMo Gym's math servers: the server dies (its actor killed)
+while a batch's requests wait on it, held by vLLM's `/pause`, and the batch is aborted naming it. The module owns
+this server, so killing it costs no other module an engine.
 """
 
 import asyncio
+import contextlib
 import importlib.util
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +36,7 @@ from recipe.nemo_gym_testing.cpu_policy.script import (
 )
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
+from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row
 
 pytestmark = pytest.mark.integration
 
@@ -57,39 +66,56 @@ POLICY = ScriptedPolicy(
 
 
 @pytest.fixture(scope="module")
-def policy_server(tmp_path_factory):
-    """verl's vLLM server (one standalone replica) playing POLICY; yields its base URL ("http://host:port/v1")."""
+def policy_servers(tmp_path_factory):
+    """verl's vLLM server (one standalone replica) playing POLICY, started once for the module; the test that kills
+    it takes it last (`own()`). VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests on a live server
+    (its error-stack logging stays off: a test reads the server's log for tracebacks)."""
     import ray
 
-    script = POLICY.to_file(tmp_path_factory.mktemp("policy") / "script.json")
-    overrides = [
-        *harness.cpu_trainer_overrides(
-            tiny_qwen3_dir(), "/unused.yaml", prompt_length=2048, response_length=512, n=1, batch_size=1
-        ),
-        *standalone_overrides(scripted=True),
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.reasoning_parser=qwen3",
-        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name={SERVED_NAME}",
-    ]
-    config = harness.compose_verl_config(overrides)
-    init_local_ray()
-    try:
-        with verl_rollout(config, script_file=script) as rollout:
-            yield rollout
-    finally:
-        ray.shutdown()
+    @contextlib.contextmanager
+    def start():
+        script = POLICY.to_file(tmp_path_factory.mktemp("policy") / "script.json")
+        overrides = [
+            *harness.cpu_trainer_overrides(
+                tiny_qwen3_dir(), "/unused.yaml", prompt_length=2048, response_length=512, n=1, batch_size=1
+            ),
+            *standalone_overrides(scripted=True),
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.reasoning_parser=qwen3",
+            f"+actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name={SERVED_NAME}",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.log_error_stack=false",
+        ]
+        config = harness.compose_verl_config(overrides)
+        init_local_ray()
+        try:
+            with verl_rollout(config, script_file=script, env={"VLLM_SERVER_DEV_MODE": "1"}) as rollout:
+                yield rollout
+        finally:
+            ray.shutdown()
+
+    with SharedStack(start) as holder:
+        yield holder
 
 
-@pytest.fixture(scope="module")
-def episode(policy_server):
+@pytest.fixture
+def policy_server(policy_servers):
+    """The module's server; no test kills it."""
+    return policy_servers.shared()
+
+
+@pytest.fixture
+def episode(policy_servers, policy_server):
+    """The 4-turn episode, run once per started server."""
     from nemo_gym.server_utils import global_aiohttp_client_exit
 
-    # NeMo Gym's HTTP client is one process-wide aiohttp session bound to the loop that made it: start from
-    # none, make it on this episode's loop, and close it after.
-    global_aiohttp_client_exit()
-    try:
-        return asyncio.run(_episode(policy_server.base_urls[0]))
-    finally:
+    if "episode" not in policy_servers.cache:
+        # NeMo Gym's HTTP client is one process-wide aiohttp session bound to the loop that made it: start from
+        # none, make it on this episode's loop, and close it after.
         global_aiohttp_client_exit()
+        try:
+            policy_servers.cache["episode"] = asyncio.run(_episode(policy_server.base_urls[0]))
+        finally:
+            global_aiohttp_client_exit()
+    return policy_servers.cache["episode"]
 
 
 def _training_model_server(base_url: str):
@@ -262,3 +288,65 @@ def test_refusals_keep_the_connection_and_valid_requests_sharing_the_pool_stay_e
     assert all("token-exact splice refused: rule 2" in r.text for r in refused[0::2])
     log = log_path.read_bytes()[log_start:].decode("utf-8", errors="replace")
     assert "Traceback" not in log
+
+
+def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(policy_servers, tmp_path):
+    """Kills verl's vLLM server actor while the manager's batch waits on it: the requests are held on the live,
+    paused server (vLLM's /pause), then the actor is killed as when its node dies."""
+    import ray
+
+    from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
+    from recipe.nemo_gym.failures import RolloutAborted
+
+    rollout = policy_servers.own()
+    plugin = tmp_path / "plugin.yaml"
+    plugin.write_text(
+        f"""
+nemo_gym:
+  config_paths:
+    - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
+    - resources_servers/math_with_judge/configs/math_with_judge.yaml
+  uses_reasoning_parser: true
+  head_server: {{port: {free_port()}}}
+timeouts: {{startup_s: 600, batch_s: 300, health_check_interval_s: 1}}
+"""
+    )
+    data = harness.write_jsonl([math_row("What is 2+2?"), math_row("What is 3+1?")], tmp_path / "rows.jsonl")
+    overrides = harness.cpu_trainer_overrides(
+        tiny_qwen3_dir(), plugin, prompt_length=2048, response_length=512, n=1, batch_size=2
+    )
+    config = harness.compose_verl_config(overrides)
+    dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
+    url = rollout.base_urls[0]
+    with harness.manager_over(config, rollout.llm_client) as manager:
+        request = urllib.request.Request(f"http://{rollout.addresses[0]}/pause?mode=keep", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = manager.generate_sequences(harness.trainer_batches(dataset, [0, 1], config)[1])
+            except BaseException as e:  # noqa: BLE001 - the test inspects it
+                outcome["error"] = e
+            outcome["ended"] = time.monotonic()
+
+        t0 = time.monotonic()
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(6.0)  # six health checks: the paused server answers /health, so nothing aborts
+        assert worker.is_alive(), f"the batch ended while the policy server was alive: {outcome}"
+        killed = time.monotonic()
+        ray.kill(rollout.servers[0])  # SIGKILL of the actor's process, as when its node dies
+        worker.join(60.0)
+        assert not worker.is_alive(), "the batch did not end after the policy server died"
+    to_error = outcome["ended"] - killed
+    print(
+        f"\npolicy server killed {killed - t0:.1f}s into the batch (requests held on it); "
+        f"RolloutAborted {to_error:.2f}s later (batch deadline 300s)"
+    )
+    error = outcome.get("error")
+    assert isinstance(error, RolloutAborted), outcome
+    assert f"policy server(s) ['{url}'] unreachable with 2 of 2 episodes pending" in str(error)
+    assert "Connection refused" in str(error)
+    assert to_error < 100.0  # well within the batch deadline of 300 s (loose: a loaded 2-core machine)

@@ -7,11 +7,11 @@ and error bodies captured from the running stack, are tested in `tests/cpu/unit/
 - the real manager, created as verl creates it (verl's `LLMServerClient`), on NeMo Gym's real math and
   workplace servers and the hand-written CPU policy server (vLLM 0.24's OpenAI app with the splice patch, engine
   replaced by a script): vLLM's real engine cannot be made to send a non-finite log-prob or to go on generating
-  after an EOS. Last, the test that SIGKILLs that policy server while the batch's requests wait on it.
+  after an EOS.
 
-What the manager does on verl's own vLLM rollout is tested on the suite's shared engine: an unknown agent and
-verl's `_validate` in `test_end_to_end.py`; verl's vLLM server actor killed in a training run in
-`e2e/test_attach_training.py`.
+What the manager does on verl's own vLLM rollout is tested where one runs anyway: an unknown agent and verl's
+`_validate` in `test_end_to_end.py` (the shared engine); verl's vLLM server actor killed while a batch waits on it
+in `test_multiturn_http.py` (its own engine), and during training in `e2e/test_attach_training.py`.
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """
@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import socket
 import threading
 import time
@@ -252,15 +250,12 @@ def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
-    """The module's stack on the CPU policy server, started once for the module; the test that kills its policy
-    server takes it last (`own()`)."""
+    """The module's stack on the CPU policy server, started once for the module."""
 
     @contextlib.contextmanager
     def start():
         model_dir, overrides, data = _stack_inputs(tmp_path_factory.mktemp("reliability"))
-        # VLLM_SERVER_DEV_MODE: vLLM's own /pause endpoint, to hold requests in flight on a live server.
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-        with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir), env=env) as stack:
+        with harness.fault_injection_stack(model_dir, overrides, data, scripted_policy(model_dir)) as stack:
             yield stack
 
     with SharedStack(start) as holder:
@@ -271,12 +266,6 @@ def stacks(tmp_path_factory):
 def stack(stacks):
     """The shared stack: no test kills anything in it."""
     return stacks.shared()
-
-
-@pytest.fixture
-def own_stack(stacks):
-    """The stack, for a test that kills its policy server (no test uses it after)."""
-    return stacks.own()
 
 
 def _batch(stack, names):
@@ -367,43 +356,3 @@ def test_failures_over_the_budget_fail_the_step_with_a_per_cause_summary(stack, 
         "contiguity_broken (data) = 1, non_finite_logprob (data) = 2, prompt_too_long (data) = 2."
     )
     assert lines[1] == "First failures:" and len(lines) == 7
-
-
-def test_dead_policy_server_mid_batch_aborts_naming_it_well_within_the_deadline(own_stack):
-    """SIGKILLs the policy server's process group while the batch's requests wait on it, held by vLLM's /pause."""
-    import urllib.request
-
-    stack = own_stack
-    manager, server = stack["manager"], stack["server"]
-    url = server.base_url
-    request = urllib.request.Request(f"{server.root_url}/pause?mode=keep", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = manager.generate_sequences(_batch(stack, ["good_math", "good_workplace"]))
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            outcome["error"] = e
-        outcome["ended"] = time.monotonic()
-
-    t0 = time.monotonic()
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(6.0)  # six health checks: the paused server answers /health, so nothing aborts
-    assert worker.is_alive(), f"the batch ended while the policy server was alive: {outcome}"
-    killed = time.monotonic()
-    os.killpg(server.pgid, signal.SIGKILL)  # the server and everything it started, as when its node dies
-    worker.join(60.0)
-    assert not worker.is_alive(), "the batch did not end after the policy server died"
-    to_error = outcome["ended"] - killed
-    print(
-        f"\npolicy server killed {killed - t0:.1f}s into the batch (requests held on it); "
-        f"RolloutAborted {to_error:.2f}s later (batch deadline 300s)"
-    )
-    error = outcome.get("error")
-    assert isinstance(error, RolloutAborted), outcome
-    assert f"policy server(s) ['{url}'] unreachable with 2 of 2 episodes pending" in str(error)
-    assert "Connection refused" in str(error)
-    assert to_error < 100.0  # well within the batch deadline of 300 s (loose: a loaded 2-core machine)
