@@ -236,7 +236,7 @@ EOF
     fi
     # NeMo Gym runs from an environment of its own (Python 3.13, built by ./setup.sh as .venv-gym), which the
     # trainer finds as nemo_gym.environment in the plugin YAML, else $NEMO_GYM_ENV, else $REPO_DIR/.venv-gym.
-    report=$(PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.gym.environment ${NEMO_GYM_ENV:+"$NEMO_GYM_ENV"} 2>&1) ||
+    report=$(PYTHONPATH="$REPO_DIR" "$PYTHON" -m recipe.nemo_gym.gym.owned.environment ${NEMO_GYM_ENV:+"$NEMO_GYM_ENV"} 2>&1) ||
         ng_die "NeMo Gym's environment cannot run: $report"
     ng_log "NeMo Gym: $report"
 }

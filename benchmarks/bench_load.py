@@ -336,7 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
-    from recipe.nemo_gym.gym.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
     from recipe.nemo_gym_testing.cpu_policy import harness
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
     from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
@@ -418,12 +418,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["startup_s"] = time.perf_counter() - t0
             # Read after the start, as the manager read it (ray.init may have raised the soft limit to the hard one).
             report["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
-            runtime = manager._runtime  # noqa: SLF001 - the benchmark measures the servers' own processes
+            runtime = manager._gym  # noqa: SLF001 - the benchmark measures the servers' own processes
             if args.direct_to_agent:  # Gym 0.7: skip the environment server in front of each agent (bench only)
-                from recipe.nemo_gym.gym.client import RunTarget
+                from recipe.nemo_gym.gym.over_http.client import RunTarget
 
-                agents = runtime.targets
-                runtime.targets = {s.name: RunTarget(s.name, s.url) for s in runtime.servers if s.name in agents}
+                connection = runtime.connection
+                agents = connection.targets
+                connection.targets = {s.name: RunTarget(s.name, s.url) for s in runtime.servers if s.name in agents}
             servers = {s.name for s in runtime.servers}
             server_pids = {pid: name for pid, name in runtime.pids().items() if name in servers}  # not Gym's Ray
             report["gym_version"] = runtime.version

@@ -7,10 +7,11 @@ and created with verl's own call `create(config=, llm_client=, teacher_client=, 
 
 Contract with verl (see the README, "How it works"):
 - `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
-  servers verl already launched and the model name they serve, and starts NeMo Gym from its own Python
-  environment (`nemo_gym.environment`) as a process tree of its own, offline, with its own Ray, within
-  `timeouts.startup_s` (`gym/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym started elsewhere and hands
-  it the policy's address (`gym/attach.py`). This process imports no NeMo Gym module: it speaks to Gym over HTTP.
+  servers verl already launched and the model name they serve, and connects to NeMo Gym (`gym/connect.py`): it
+  starts Gym from its own Python environment (`nemo_gym.environment`) as a process tree of its own, offline, with
+  its own Ray, within `timeouts.startup_s` (`gym/owned/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym
+  started elsewhere and hands it the policy's address (`gym/attach.py`). This process imports no NeMo Gym module:
+  it speaks to Gym over HTTP.
   Then every row of `data.train_files` and `data.val_files` is checked against the agents Gym serves
   (`data_check.py`, `data.check_rows`): all bad rows are raised at once, before step 1.
   Any failure stops everything it started and raises.
@@ -34,9 +35,10 @@ Contract with verl (see the README, "How it works"):
 - A failed episode changes no statistic: with `algorithm.adv_estimator=nemo_gym_grpo` (or another failure-aware
   estimator, registered when the manager is built: `advantages.py`) it is left out of its group's baseline, and
   verl's `critic/score/*` leaves it out (`packing/batch.py`). A plain verl group estimator gets a warning.
-- All NeMo Gym calls run on one event loop this manager owns (the runtime's aiohttp session is bound to the loop
-  it was made on, and verl's `create` runs on a loop that is closed right after). It is the only `BackgroundLoop`
-  in production: `GymRuntime` borrows it, and its `collect` is awaited on it (`generate_sequences`).
+- All NeMo Gym calls run on one event loop this manager owns (the connection's aiohttp session is bound to the
+  loop it was made on, and verl's `create` runs on a loop that is closed right after). It is the only
+  `BackgroundLoop` in production: the Gym's `GymConnection` borrows it, and its `collect` is awaited on it
+  (`generate_sequences`).
 
 Environment metrics reach the user's loggers through `meta_info["timing"]`, the one dict verl 0.9.1 copies
 from the rollout into the step's logged metrics: they appear as `timing_s/nemo_gym/...` (see `metrics.py`).
@@ -63,11 +65,9 @@ from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
-from recipe.nemo_gym.gym.attach import AttachedGym, AttachSpec
-from recipe.nemo_gym.gym.collect import validate_examples
-from recipe.nemo_gym.gym.connection import GymConnection
-from recipe.nemo_gym.gym.launch import GymRuntime
-from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym.gym.connect import Gym, connect_gym
+from recipe.nemo_gym.gym.over_http.collect import validate_examples
+from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.metrics import (
     PREFIX as METRICS_PREFIX,
@@ -146,7 +146,8 @@ class NeMoGymAgentLoopManager:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         )
         self._loop: BackgroundLoop | None = None
-        self._runtime: GymConnection | None = None
+        self._gym: Gym | None = None
+        self._connection: GymConnection | None = None
         self.agent_names: frozenset[str] = frozenset()
         # The last batch's raw NeMo Gym results and packing statistics, for inspection (the demo writes them out).
         self.last_results: list[dict[str, Any] | EpisodeFailure] = []
@@ -173,15 +174,11 @@ class NeMoGymAgentLoopManager:
             limits = derive_connection_limits(*current_nofile_limits())
             log = logger.warning if limits.below_floor else logger.info
             log("NeMo Gym HTTP connection limits: %s", limits.describe())
-            if self.plugin_config.nemo_gym.attach is not None:
-                attach = AttachSpec.from_config(self.plugin_config, base_urls, model_name, _node_ip())
-                attach = dataclasses.replace(attach, overrides=limits.merged_under({}))
-                self._runtime = AttachedGym.attach(attach, loop=self._loop)
-            else:
-                spec = GymServersSpec.from_config(self.plugin_config, base_urls, model_name)
-                spec = dataclasses.replace(spec, overrides=limits.merged_under(spec.overrides))
-                self._runtime = GymRuntime.start(spec, loop=self._loop)
-            self.agent_names = self._runtime.agent_names
+            policy = PolicyServers(tuple(base_urls), model_name)
+            self._gym = connect_gym(self.plugin_config, policy, loop=self._loop, limits=limits, node_ip=_node_ip)
+            assert self._gym.connection is not None
+            self._connection = self._gym.connection
+            self.agent_names = self._connection.agent_names
             if self.plugin_config.data.check_rows:
                 self._check_data_files()
         except BaseException:
@@ -189,8 +186,8 @@ class NeMoGymAgentLoopManager:
             raise
         logger.warning(
             "NeMo Gym %s ready in %.0f s: agents %s; policy %s at %s",
-            self._runtime.version,
-            self._runtime.startup_s or 0.0,
+            self._gym.version,
+            self._gym.startup_s or 0.0,
             sorted(self.agent_names),
             model_name,
             base_urls,
@@ -220,16 +217,16 @@ class NeMoGymAgentLoopManager:
 
     def shutdown(self) -> None:
         """Stop every NeMo Gym server and the event loop; idempotent."""
-        if self._runtime is not None:
-            self._runtime.shutdown()
-            self._runtime = None
+        if self._gym is not None:
+            self._gym.shutdown()
+            self._gym = self._connection = None
         if self._loop is not None:
             self._loop.close()
             self._loop = None
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
-        if self._loop is None or self._runtime is None:
+        if self._loop is None or self._connection is None:
             raise RuntimeError("NeMoGymAgentLoopManager is shut down")
         return await self._loop.arun(self._generate(prompts))
 
@@ -263,7 +260,7 @@ class NeMoGymAgentLoopManager:
         timeouts, failure_settings = self.plugin_config.timeouts, self.plugin_config.failures
         attempts = [1] * n_real
         try:
-            results = await self._runtime.collect(
+            results = await self._connection.collect(
                 examples,
                 deadline_s=timeouts.batch_s,
                 health_check_interval_s=timeouts.health_check_interval_s,

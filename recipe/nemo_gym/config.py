@@ -12,8 +12,8 @@ Contract:
 - NeMo Gym config paths are relative to `nemo_gym.root` when it is set; otherwise they resolve as NeMo Gym
   resolves them, against the current directory first, then the directory holding the `nemo_gym` package of
   Gym's environment (its site-packages), so a pip-installed NeMo Gym needs no clone.
-- Every default and every rule of a setting lives here; the runtime's spec (`gym.spec.GymServersSpec`) takes its
-  defaults from these models and checks its values with them.
+- Every default and every rule of a setting lives here, and the validated models are what the rest of the plugin
+  is handed (`gym/connect.py`): there is no second description of a Gym to keep in step with this one.
 
 Example (see recipe/nemo_gym/configs/ for the shipped ones)::
 
@@ -57,7 +57,7 @@ class Attach(_Strict):
     and hands it verl's policy address through the `endpoint_file` of its policy model server (Gym 0.7's
     `vllm_model`). See `gym/attach.py`."""
 
-    head_server_url: str = Field(pattern=r"^https?://[^/:]+(:\d+)?/?$")
+    head_server_url: str = Field(pattern=r"^http://[^/:]+(:\d+)?/?$")
     """The attached Gym's head server, e.g. `http://gym-node:11000`."""
     policy_model_server: str = "policy_model"
     """The Gym model server that serves the policy being trained (`vllm_model_for_training.yaml` names it so)."""
@@ -85,6 +85,24 @@ START_ONLY_KEYS = (
 )
 
 
+# Keys of NeMo Gym's global config that the plugin sets itself (`gym/owned/job_config.py`), from this file's other
+# settings and from the policy servers verl runs: `config_overrides` may not set them.
+PLUGIN_SET_GYM_KEYS = frozenset(
+    {
+        "config_paths",
+        "policy_base_url",
+        "policy_api_key",
+        "policy_model_name",
+        "head_server",
+        "ray_head_node_address",
+        "skip_venv_if_present",
+        "uv_venv_dir",
+        "uv_cache_dir",
+        "nemo_gym_log_dir",
+    }
+)
+
+
 class NeMoGymSection(_Strict):
     attach: Attach | None = None
     """Use a NeMo Gym started elsewhere instead of starting one (its settings exclude every setting below)."""
@@ -106,6 +124,16 @@ class NeMoGymSection(_Strict):
     """Where per-server `.venv` links to the running environment are made. Default: `nemo_gym_venvs` under the
     plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`)."""
     log_dir: Path | None = None
+
+    @field_validator("config_overrides")
+    @classmethod
+    def _no_plugin_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(PLUGIN_SET_GYM_KEYS & set(value))
+        if clash:
+            raise ValueError(
+                f"sets {clash}, which the plugin sets itself (from nemo_gym's other keys and verl's servers)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _start_or_attach(self) -> NeMoGymSection:

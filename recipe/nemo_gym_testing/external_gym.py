@@ -24,10 +24,10 @@ from pathlib import Path
 
 import psutil
 
-from recipe.nemo_gym.gym import seams
-from recipe.nemo_gym.gym.client import HeadClient
-from recipe.nemo_gym.gym.environment import clean_environment, inspect_environment, locate_environment
-from recipe.nemo_gym.gym.health import http_alive
+from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.over_http.health import http_alive
+from recipe.nemo_gym.gym.owned import seams
+from recipe.nemo_gym.gym.owned.environment import clean_environment, inspect_environment, locate_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"

@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A `GymRuntime` for plain (loop-less) test code: started on an event loop of its own, batches run blocking.
+"""An `OwnedGym` for plain (loop-less) test code: started on an event loop of its own, batches run blocking.
 
-In production the agent loop manager creates the one `BackgroundLoop`, passes it to `GymRuntime.start` and
-awaits `GymRuntime.collect` on it. Tests that drive a runtime directly have no manager, so:
-- `start_runtime(spec)` starts a `LoopOwningRuntime`: a `GymRuntime` on a `BackgroundLoop` it owns, closed by
-  its `shutdown()` after the runtime's own teardown (and so also at interpreter exit, through the exit hooks).
-- `collect_blocking(runtime, examples, deadline_s, ...)` runs `runtime.collect` on the runtime's loop and waits
+In production the agent loop manager creates the one `BackgroundLoop`, hands it to `connect_gym` and awaits
+`gym.connection.collect` on it. Tests that drive a Gym directly have no manager, so:
+- `gym_config(config_paths, head_port, ...)` is the validated plugin YAML for them (`NeMoGymConfig`), the training
+  model server's config put first, as the shipped YAMLs do.
+- `start_gym(config, policy)` starts a `LoopOwningGym`: an `OwnedGym` on a `BackgroundLoop` it owns, closed by
+  its `shutdown()` after the Gym's own teardown (and so also at interpreter exit, through the exit hooks).
+- `collect_blocking(gym, examples, deadline_s, ...)` runs `gym.connection.collect` on the Gym's loop and waits
   for it; the batch deadline bounds it and the loop's timeout (30 s more) backs it.
 
-For the GymRuntime tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
+For the OwnedGym tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
 `tests/cpu/integration/test_gym_runtime.py`): the wheel's workplace and math configs (`WORKPLACE_CONFIG`,
 `MATH_CONFIG`), `gym_processes` (the live server processes of one head port), and a policy stub steered by markers
 in the prompt (`PolicyStub`; `stub_math_row` writes them).
@@ -23,18 +25,33 @@ from typing import Any
 
 import psutil
 
+from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
-from recipe.nemo_gym.gym.collect import RowOutcome
-from recipe.nemo_gym.gym.launch import GymRuntime
-from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym.gym.over_http.collect import RowOutcome
+from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.owned.launch import OwnedGym
 from recipe.nemo_gym_testing.helpers import ChatCompletionStub, chat_completion, math_row, nemo_gym_processes
 
+TRAINING_MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 WORKPLACE_CONFIG = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"
 MATH_CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
 
 
-class LoopOwningRuntime(GymRuntime):
-    """A `GymRuntime` that closes its loop once shut down (the loop was made for it by `start_runtime`)."""
+def gym_config(
+    config_paths: Sequence[str], head_port: int, *, timeouts: Mapping[str, Any] | None = None, **nemo_gym: Any
+) -> NeMoGymConfig:
+    """The plugin YAML for a Gym of these environments on `head_port` (`nemo_gym` keys and `timeouts` as given)."""
+    paths = [TRAINING_MODEL_SERVER_CONFIG, *(p for p in config_paths if p != TRAINING_MODEL_SERVER_CONFIG)]
+    section = {"config_paths": paths, "head_server": {"port": head_port}, **nemo_gym}
+    return NeMoGymConfig.model_validate({"nemo_gym": section, "timeouts": dict(timeouts or {})})
+
+
+def policy_servers(url: str, model_name: str = "policy") -> PolicyServers:
+    return PolicyServers((url,), model_name)
+
+
+class LoopOwningGym(OwnedGym):
+    """An `OwnedGym` that closes its loop once shut down (the loop was made for it by `start_gym`)."""
 
     def shutdown(self) -> None:
         try:
@@ -44,25 +61,26 @@ class LoopOwningRuntime(GymRuntime):
                 self.loop.close()
 
 
-def start_runtime(spec: GymServersSpec) -> GymRuntime:
-    """`GymRuntime.start(spec, loop=...)` on a new `BackgroundLoop` that the runtime's `shutdown()` closes."""
+def start_gym(config: NeMoGymConfig, policy_servers: PolicyServers) -> OwnedGym:
+    """`OwnedGym.start(config, policy_servers, loop=...)` on a new `BackgroundLoop` that its `shutdown()` closes."""
     loop = BackgroundLoop(name="nemo-gym-test-loop")
     try:
-        return LoopOwningRuntime.start(spec, loop=loop)
+        return LoopOwningGym.start(config, policy_servers, loop=loop)
     except BaseException:
         loop.close()
         raise
 
 
 def collect_blocking(
-    runtime: GymRuntime,
+    gym: OwnedGym,
     examples: Sequence[Mapping[str, Any]],
     deadline_s: float,
     health_check_interval_s: float = 2.0,
 ) -> list[RowOutcome]:
-    """`runtime.collect(...)` from a thread without an event loop: run on `runtime.loop`, blocking until done."""
-    coro = runtime.collect(examples, deadline_s, health_check_interval_s=health_check_interval_s)
-    return runtime.loop.run(coro, timeout=deadline_s + 30.0, what="NeMo Gym batch")
+    """`gym.connection.collect(...)` from a thread without an event loop: run on `gym.loop`, blocking until done."""
+    assert gym.connection is not None
+    coro = gym.connection.collect(examples, deadline_s, health_check_interval_s=health_check_interval_s)
+    return gym.loop.run(coro, timeout=deadline_s + 30.0, what="NeMo Gym batch")
 
 
 def gym_processes(head_port: int) -> list[psutil.Process]:

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from recipe.nemo_gym.gym.client import server_root
+from recipe.nemo_gym.gym.over_http.client import server_root
 
 # Request headers passed on; the rest (Host, Content-Length, hop-by-hop) belong to each connection.
 _FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")

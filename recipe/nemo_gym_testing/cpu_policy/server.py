@@ -15,7 +15,7 @@ Handle: `CPUPolicyServer(model_dir, script=None, ...)` writes the script to a fi
 own process group with output to a log file, and waits for `/health` under a deadline. If the child dies or
 the deadline passes, the whole group is killed and `CPUPolicyServerError` carries the child's log tail.
 `stop()` sends SIGTERM to the group, SIGKILL after `grace_s`, and returns only when no process of the group
-is left (checked in /proc). The handle imports no vLLM, torch or transformers.
+is left (`recipe/nemo_gym/process_group.py`, which reads /proc). The handle imports no vLLM, torch or transformers.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from recipe.nemo_gym.process_group import stop_group
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptedPolicy
 
 DEFAULT_HOST = "127.0.0.1"
@@ -152,23 +153,6 @@ async def _serve(
 
 
 # -- the parent-side handle ---------------------------------------------------------------------------------
-
-
-def group_members(pgid: int) -> list[int]:
-    """PIDs whose process group is `pgid`, read from /proc (zombies included until reaped)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state, ppid, pgrp, ...
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def _tail(path: Path, limit: int = 6000) -> str:
@@ -310,51 +294,19 @@ class CPUPolicyServer:
         proc, self.proc = self.proc, None
         if proc is not None:
             pgid = proc.pid
-            self._signal_group(pgid, signal.SIGTERM)
+            survivors = stop_group(pgid, self.grace_s, first=signal.SIGTERM, kill_wait_s=self.grace_s)
             try:
-                proc.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            deadline = time.monotonic() + self.grace_s
-            while self._live_members(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self._live_members(pgid):
-                self._signal_group(pgid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=self.grace_s)
+                proc.wait(timeout=self.grace_s)  # reap the leader, our child
             except subprocess.TimeoutExpired as exc:
                 raise CPUPolicyServerError(f"CPU policy server (pid {pgid}) survived SIGKILL") from exc
-            deadline = time.monotonic() + self.grace_s
-            while self._live_members(pgid):
-                if time.monotonic() > deadline:
-                    raise CPUPolicyServerError(
-                        f"processes {self._live_members(pgid)} of the CPU policy server's group {pgid} survived"
-                    )
-                time.sleep(0.1)
+            if survivors:
+                raise CPUPolicyServerError(
+                    f"processes {survivors} of the CPU policy server's group {pgid} survived SIGKILL"
+                )
         self.port = None
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
-
-    @staticmethod
-    def _signal_group(pgid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
-
-    @staticmethod
-    def _live_members(pgid: int) -> list[int]:
-        """Group members that are not zombies (a zombie whose parent is not us is reaped by its own parent)."""
-        live = []
-        for pid in group_members(pgid):
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                live.append(pid)
-        return live
 
     def __enter__(self) -> CPUPolicyServer:
         return self.start()

@@ -50,8 +50,9 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failure_cause import failure_cause
-from recipe.nemo_gym.gym.launch import RAY_START_TIMEOUT
+from recipe.nemo_gym.gym.owned.launch import RAY_START_TIMEOUT
 from recipe.nemo_gym.leftovers import remove_leftovers
+from recipe.nemo_gym.process_group import signal_group, stop_group
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
 from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
@@ -346,7 +347,7 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
             errors="replace",
             start_new_session=True,
         )
-        timer = threading.Timer(timeout_s, _kill_group, args=(proc,))
+        timer = threading.Timer(timeout_s, signal_group, args=(proc.pid, signal.SIGKILL))
         timer.start()
         try:
             assert proc.stdout is not None
@@ -375,8 +376,9 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
         finally:
             timer.cancel()
             if proc.poll() is None:
-                _kill_group(proc)
-            _wait_for_group_exit(proc.pid, timeout_s=30.0)
+                signal_group(proc.pid, signal.SIGKILL)
+            # Whatever of the trainer's group is left (Ray's and vLLM's processes) gets 30 s to exit, then SIGKILL.
+            stop_group(proc.pid, 30.0, first=None)
             for path in remove_leftovers(started_at):
                 log.write(f"job runner: removed {path} (left by vLLM or verl, held by no process)\n")
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -411,7 +413,7 @@ def _stop_trainer(proc: subprocess.Popen, log: Any, grace_s: float) -> None:
         proc.wait(timeout=grace_s)
         how = f"the trainer stopped {time.monotonic() - started:.1f} s after SIGINT"
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
         how = f"the trainer did not stop within {grace_s:.0f} s of SIGINT; its process group was killed"
     drain.join(timeout=5.0)
@@ -422,27 +424,6 @@ def _copy_lines(source: Any, log: Any) -> None:
     with contextlib.suppress(ValueError, OSError):  # the pipe or the log closed under it
         for line in source:
             log.write(line)
-
-
-def _wait_for_group_exit(pgid: int, timeout_s: float) -> None:
-    """Until no process of the trainer's process group is left (Ray's and vLLM's included), at most `timeout_s`;
-    then what is still there is killed."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.5)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, 9)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, 9)
-    except ProcessLookupError:
-        pass
 
 
 _RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*pid=\d+[^)]*\)(\x1b\[[0-9;]*m)?\s*")

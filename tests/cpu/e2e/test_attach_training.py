@@ -154,6 +154,6 @@ def test_the_attached_gym_outlives_the_trainer(run):
     _, result, gym, before, after, _ = run
     assert result.returncode == 1  # failed, once its policy server was killed
     assert after == before  # no process of the attached Gym was stopped, and none was added
-    from recipe.nemo_gym.gym.client import HeadClient
+    from recipe.nemo_gym.gym.over_http.client import HeadClient
 
     assert {s.name for s in HeadClient("127.0.0.1", gym.port).instances()} >= {WEATHER, "policy_model"}

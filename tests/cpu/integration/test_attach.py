@@ -71,7 +71,7 @@ def run_batch(setup, addresses):
     config, dataset = setup["config"], setup["dataset"]
     client = harness.verl_llm_client(config, addresses)
     with harness.manager_over(config, client) as manager:
-        gym = manager._runtime  # noqa: SLF001 - the test reads what was published and relayed
+        gym = manager._gym  # noqa: SLF001 - the test reads what was published and relayed
         published = setup["gym"].endpoint_file.read_text().strip()
         _, batch = harness.trainer_batches(dataset, range(len(dataset)), config)
         output = manager.generate_sequences(batch)
@@ -114,7 +114,7 @@ def test_several_policy_servers_are_published_as_one_relay_that_spreads_the_call
     output, results, attached, published = run_batch(setup, addresses)
     check_weather_episodes(output, results)
     relay = attached.relay
-    assert published == f"http://{attached.spec.relay_host}:{relay.port}/v1"
+    assert published == f"http://{attached.relay_host}:{relay.port}/v1"
     # 4 episodes x 2 model calls, all through the relay, on both servers.
     print(f"\nrelay: {dict(relay.paths)}, per server {relay.served}")
     assert relay.paths["/v1/chat/completions"] == 8

@@ -22,12 +22,13 @@ import aiohttp
 import pytest
 import torch
 
+from recipe.nemo_gym.process_group import live_members
 from recipe.nemo_gym_testing.cpu_policy.episodes import SERVER_TEST_TOOL_CALL as TOOL_CALL_TEXT
 from recipe.nemo_gym_testing.cpu_policy.episodes import server_test_policy
 from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
 from recipe.nemo_gym_testing.cpu_policy.script import default_logprob
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError, group_members
+from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError
 from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 from recipe.nemo_gym_testing.helpers import SharedStack
 
@@ -199,10 +200,10 @@ def test_hundred_concurrent_requests_all_complete(server, tokenizer):
 def test_stop_terminates_the_whole_process_group(own_server):
     server = own_server
     pgid = server.pgid
-    assert pgid is not None and pgid in group_members(pgid)
+    assert pgid is not None and pgid in live_members(pgid, with_zombies=True)
     port = server.port
     server.stop()
-    assert group_members(pgid) == []
+    assert live_members(pgid, with_zombies=True) == []
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
 
@@ -226,4 +227,4 @@ def test_startup_past_the_deadline_is_killed_with_its_log_tail():
         server.start()
     assert time.monotonic() - started < 3 + 2 * 5 + 30  # deadline, two grace periods, slack for a loaded box
     pgid = int(str(info.value).split("(pid ", 1)[1].split(")", 1)[0])
-    assert group_members(pgid) == []
+    assert live_members(pgid, with_zombies=True) == []

@@ -312,7 +312,7 @@ def test_verls_validate_runs_each_real_episode_once_and_reports_the_failed_share
 
 def test_shutdown_leaves_no_nemo_gym_process(stacks):
     manager = stacks.own()["manager"]
-    pids = list(manager._runtime.pids())  # noqa: SLF001 - the test checks the process list, not the manager's word
+    pids = list(manager._gym.pids())  # noqa: SLF001 - the test checks the process list, not the manager's word
     assert pids
     manager.shutdown()
     survivors = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]

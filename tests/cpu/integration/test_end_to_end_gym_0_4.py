@@ -36,4 +36,4 @@ def gym_environment():
 
 
 def test_the_stack_runs_nemo_gym_0_4(stack):
-    assert stack["manager"]._runtime.version.startswith("0.4."), stack["manager"]._runtime.version  # noqa: SLF001
+    assert stack["manager"]._gym.version.startswith("0.4."), stack["manager"]._gym.version  # noqa: SLF001

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The example environment `uppercase_share` (resources_servers/uppercase_share), its reward exactly, started for
 real: the shipped blend `recipe/nemo_gym/configs/demo_blend.yaml` started offline through the plugin's real runtime
-(`GymServersSpec.from_config` + `GymRuntime.start`, NeMo Gym's own launcher, through test support's
-`start_runtime`), then `/verify` posted straight to the environment's server and rows run end to end through its
+(`OwnedGym.start` with the blend's validated YAML, NeMo Gym's own launcher, through test support's
+`start_gym`), then `/verify` posted straight to the environment's server and rows run end to end through its
 agent against a policy stub that answers with the text a row's prompt asks for. The head server takes a free port,
 not 11000.
 
@@ -12,16 +12,14 @@ The pure reward function and `verify` called in process:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.request
 
 import pytest
 
-from recipe.nemo_gym.config import load_config
-from recipe.nemo_gym.gym.launch import GymRuntime
-from recipe.nemo_gym.gym.spec import GymServersSpec
-from recipe.nemo_gym_testing.gym_runtime import collect_blocking, start_runtime
+from recipe.nemo_gym.config import NeMoGymConfig, load_config
+from recipe.nemo_gym.gym.owned.launch import OwnedGym
+from recipe.nemo_gym_testing.gym_runtime import collect_blocking, policy_servers, start_gym
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
 from recipe.nemo_gym_testing.helpers import ChatCompletionStub, chat_completion, free_port, math_row
 from recipe.nemo_gym_testing.uppercase_share import AGENT, ENV_DIR, REWARD_CASES, verify_body
@@ -55,15 +53,14 @@ def blend(tmp_path_factory: pytest.TempPathFactory):
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(REPO)  # relative config paths and the server folder resolve against the current directory
-            spec = GymServersSpec.from_config(
-                load_config(BLEND),
-                policy_base_urls=[stub.url],
-                policy_model_name="tiny-qwen3",
-            )
-            spec = dataclasses.replace(
-                spec, head_server_port=free_port(), cache_dir=tmp / "cache", log_dir=tmp / "logs", startup_timeout_s=300
-            )
-            runtime = start_runtime(spec)
+            raw = load_config(BLEND).model_dump(exclude_unset=True)
+            raw["nemo_gym"] |= {
+                "head_server": {"port": free_port()},
+                "venv_dir": tmp / "cache" / "nemo_gym_venvs",
+                "log_dir": tmp / "logs",
+            }
+            raw["timeouts"] = {"startup_s": 300}
+            runtime = start_gym(NeMoGymConfig.model_validate(raw), policy_servers(stub.url, "tiny-qwen3"))
         yield runtime
     finally:
         if runtime is not None:
@@ -71,7 +68,7 @@ def blend(tmp_path_factory: pytest.TempPathFactory):
         stub.close()
 
 
-def post_verify(runtime: GymRuntime, body: dict) -> dict:
+def post_verify(runtime: OwnedGym, body: dict) -> dict:
     server = next(s for s in runtime.servers if s.name == "uppercase_share")
     request = urllib.request.Request(
         f"{server.url}/verify", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -80,7 +77,7 @@ def post_verify(runtime: GymRuntime, body: dict) -> dict:
         return json.loads(reply.read())
 
 
-def test_blend_starts_every_environment_with_ours_among_them(blend: GymRuntime) -> None:
+def test_blend_starts_every_environment_with_ours_among_them(blend: OwnedGym) -> None:
     servers = {
         "policy_model",
         "math_with_judge",
@@ -93,17 +90,17 @@ def test_blend_starts_every_environment_with_ours_among_them(blend: GymRuntime) 
     if blend.version.startswith("0.7"):  # Gym 0.7's generated relay in front of each agent
         servers |= {f"{e}_environment_server" for e in ("math_with_judge", "workplace_assistant", "uppercase_share")}
     assert {s.name for s in blend.servers} == servers
-    assert AGENT in blend.agent_names
+    assert AGENT in blend.connection.agent_names
     blend.check_health(http_timeout_s=5.0)
 
 
 @pytest.mark.parametrize(("text", "reward", "upper", "counted"), REWARD_CASES)
-def test_verify_endpoint_returns_the_exact_reward(blend: GymRuntime, text, reward, upper, counted) -> None:
+def test_verify_endpoint_returns_the_exact_reward(blend: OwnedGym, text, reward, upper, counted) -> None:
     out = post_verify(blend, verify_body(text))
     assert (out["reward"], out["uppercase_chars"], out["counted_chars"]) == (reward, upper, counted)
 
 
-def test_rows_run_end_to_end_through_the_agent_with_exact_rewards(blend: GymRuntime) -> None:
+def test_rows_run_end_to_end_through_the_agent_with_exact_rewards(blend: OwnedGym) -> None:
     template = (ENV_DIR / "data" / "example.jsonl").read_text().splitlines()[0]
     replies = ["hello there", "HELLO THERE", "Hello There", "OK ok"]
     batch = []

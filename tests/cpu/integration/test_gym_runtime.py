@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""NeMo Gym's real servers under GymRuntime, out of process: start, readiness, health, ordered rollouts, shutdown.
+"""NeMo Gym's real servers under the plugin (`OwnedGym`), out of process: start, health, ordered rollouts, shutdown.
 
 The servers are those of the Gym environment the plugin runs (`.venv-gym`, Gym 0.7, unless `NEMO_GYM_ENV` names
 another: the suite runs this module on 0.4.0 too): `workplace_assistant`, `math_with_judge` with the judge off,
@@ -9,8 +9,8 @@ launcher with its own Ray. The one stand-in is the policy: a small HTTP server t
 tests' many batches), steered per request by markers in the prompt (answer, delay, HTTP 500, hang).
 
 The tests that kill servers or shut the stack down get a stack of their own (`own_stack`), so the tests pass
-in any order; in file order they come last and take the shared one. The runtime's pure parts (config paths, the
-spec, run targets, the batch core, the event loop) are tested in `tests/cpu/unit/gym/test_gym_runtime_units.py`.
+in any order; in file order they come last and take the shared one. The pure parts (config paths, the config Gym
+is handed, run targets, the batch core, the event loop) are tested in `tests/cpu/unit/gym/test_gym_runtime_units.py`.
 """
 
 from __future__ import annotations
@@ -29,16 +29,23 @@ from pathlib import Path
 import psutil
 import pytest
 
+from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
-from recipe.nemo_gym.gym.launch import GymRuntime, check_port_free
-from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import episode_from_result
 from recipe.nemo_gym_testing.gym_runtime import MATH_CONFIG as MATH
 from recipe.nemo_gym_testing.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
-from recipe.nemo_gym_testing.gym_runtime import PolicyStub, collect_blocking, gym_processes, start_runtime
+from recipe.nemo_gym_testing.gym_runtime import (
+    PolicyStub,
+    collect_blocking,
+    gym_config,
+    gym_processes,
+    policy_servers,
+    start_gym,
+)
 from recipe.nemo_gym_testing.gym_runtime import stub_math_row as math_row
 from recipe.nemo_gym_testing.helpers import (
     GYM_ENVS,
@@ -62,25 +69,20 @@ SERVER_NAMES = {
 RELAYS = {"workplace_assistant_environment_server", "math_with_judge_environment_server"}
 
 
-def expected_servers(runtime: GymRuntime) -> set[str]:
+def expected_servers(runtime: OwnedGym) -> set[str]:
     return SERVER_NAMES | (RELAYS if runtime.version.startswith("0.7") else set())
 
 
-def server_process(runtime: GymRuntime, name: str) -> psutil.Process:
+def server_process(runtime: OwnedGym, name: str) -> psutil.Process:
     """The Python process of one server (`app.py`), under the process Gym reported for it."""
     wrapper = psutil.Process(next(s.pid for s in runtime.servers if s.name == name))
     return next(p for p in [wrapper, *wrapper.children(recursive=True)] if "app.py" in " ".join(p.cmdline()))
 
 
-def spec_for(tmp: Path, head_port: int, policy_url: str, **kw) -> GymServersSpec:
-    return GymServersSpec(
-        config_paths=(WORKPLACE, MATH),
-        policy_base_urls=(policy_url,),
-        policy_model_name="tiny-qwen3",
-        head_server_port=head_port,
-        cache_dir=tmp / "cache",
-        **kw,
-    )
+def config_for(tmp: Path, head_port: int, startup_s: float = 300.0, **nemo_gym) -> NeMoGymConfig:
+    """The workplace and math environments, their servers' venv links under `tmp`."""
+    venvs = tmp / "cache" / "nemo_gym_venvs"
+    return gym_config((WORKPLACE, MATH), head_port, timeouts={"startup_s": startup_s}, venv_dir=venvs, **nemo_gym)
 
 
 # ---------------------------------------------------------------------------------- real NeMo Gym servers
@@ -98,9 +100,9 @@ def test_start_with_head_port_in_use_names_it_and_starts_nothing(tmp_path: Path,
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1")
+        config = config_for(tmp_path, port)
         with pytest.raises(HeadPortInUseError, match=rf"head server port 127.0.0.1:{port} is already in use"):
-            start_runtime(spec)
+            start_gym(config, policy_servers("http://127.0.0.1:9/v1"))
         assert gym_processes(port) == []
         assert not list((tmp_path / "cache").glob("**/.venv"))
 
@@ -109,10 +111,10 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(
     tmp_path: Path, no_live_stack: None
 ) -> None:
     port = free_port()
-    spec = spec_for(tmp_path, port, "http://127.0.0.1:9/v1", startup_timeout_s=4.0)
+    config = config_for(tmp_path, port, startup_s=4.0)
     t0 = time.monotonic()
     with pytest.raises(GymStartTimeout) as err:
-        start_runtime(spec)
+        start_gym(config, policy_servers("http://127.0.0.1:9/v1"))
     assert time.monotonic() - t0 < 4.0 + 60.0  # deadline, then a bounded teardown (loose: a loaded 2-core box)
     assert "not ready within 4s" in str(err.value)
     assert set(err.value.servers) <= SERVER_NAMES | RELAYS | {"head_server"} and err.value.servers
@@ -123,26 +125,25 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(
 CHILD = """
 import os, signal, sys, threading, time
 from pathlib import Path
-from recipe.nemo_gym.gym.spec import GymServersSpec
-from recipe.nemo_gym_testing.gym_runtime import start_runtime
+from recipe.nemo_gym_testing.gym_runtime import gym_config, policy_servers, start_gym
 
 port, tmp, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-spec = GymServersSpec(
-    config_paths=("resources_servers/math_with_judge/configs/math_with_judge.yaml",),
-    policy_base_urls=("http://127.0.0.1:9/v1",), policy_model_name="m",
-    head_server_port=port, cache_dir=tmp / "cache", startup_timeout_s=300,
+config = gym_config(
+    ["resources_servers/math_with_judge/configs/math_with_judge.yaml"], port,
+    timeouts={"startup_s": 300}, venv_dir=tmp / "cache" / "nemo_gym_venvs",
 )
+policy = policy_servers("http://127.0.0.1:9/v1", "m")
 if mode == "sigterm":
     def previous(signum, frame):
         (tmp / "previous_handler_ran").write_text(str(signum))
         os._exit(0)  # no atexit, no unwinding: only the runtime's SIGTERM hook can have stopped the servers
     signal.signal(signal.SIGTERM, previous)
-    start_runtime(spec)  # servers start; the test sends SIGTERM while they come up
+    start_gym(config, policy)  # servers start; the test sends SIGTERM while they come up
 elif mode == "sigkill":
-    start_runtime(spec)
+    start_gym(config, policy)
     time.sleep(600)  # the test SIGKILLs this process: no handler, no atexit runs
 else:
-    threading.Thread(target=start_runtime, args=(spec,), daemon=True).start()
+    threading.Thread(target=start_gym, args=(config, policy), daemon=True).start()
     while not (tmp / "exit_now").exists():
         time.sleep(0.1)
     # The trainer's side of Gym, started: no module of NeMo Gym's was imported into this process.
@@ -220,7 +221,7 @@ def test_interpreter_exit_stops_servers(tmp_path: Path) -> None:
     assert (tmp_path / "nemo_gym_modules").read_text() == ""  # the runtime imported nothing of NeMo Gym
 
 
-LIVE_STACKS: list[SharedStack[GymRuntime]] = []
+LIVE_STACKS: list[SharedStack[OwnedGym]] = []
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +231,11 @@ def stacks(tmp_path_factory: pytest.TempPathFactory, policy: PolicyStub):
     @contextlib.contextmanager
     def start():
         tmp = tmp_path_factory.mktemp("gym")
-        spec = spec_for(tmp, free_port(), policy.url, log_dir=tmp / "logs", startup_timeout_s=300.0)
+        config = config_for(tmp, free_port(), log_dir=tmp / "logs")
         mark = f"stack-{time.monotonic_ns()}"
         os.environ[MARK] = mark  # inherited by this Gym's processes only: it is removed once they are started
         try:
-            runtime = start_runtime(spec)
+            runtime = start_gym(config, policy_servers(policy.url, "tiny-qwen3"))
         finally:
             del os.environ[MARK]
         runtime.test_mark = mark
@@ -253,13 +254,13 @@ def stacks(tmp_path_factory: pytest.TempPathFactory, policy: PolicyStub):
 
 
 @pytest.fixture
-def stack(stacks: SharedStack[GymRuntime]) -> GymRuntime:
+def stack(stacks: SharedStack[OwnedGym]) -> OwnedGym:
     """A started stack that tests share: nothing in it is killed."""
     return stacks.shared()
 
 
 @pytest.fixture
-def own_stack(stacks: SharedStack[GymRuntime]) -> GymRuntime:
+def own_stack(stacks: SharedStack[OwnedGym]) -> OwnedGym:
     """A started stack for this test alone: it may kill servers or shut it down."""
     return stacks.own()
 
@@ -271,7 +272,7 @@ def no_live_stack() -> None:
         holder.stop()
 
 
-def test_started_stack_is_ready_and_healthy(stack: GymRuntime) -> None:
+def test_started_stack_is_ready_and_healthy(stack: OwnedGym) -> None:
     expected = expected_servers(stack)
     assert {s.name for s in stack.servers} == expected
     report = stack.health(http_timeout_s=5.0)
@@ -279,14 +280,14 @@ def test_started_stack_is_ready_and_healthy(stack: GymRuntime) -> None:
     stack.check_health(http_timeout_s=5.0)
     pids = set(stack.pids())  # the launcher's session: its servers, Gym's own Ray, the launcher
     assert {s.pid for s in stack.servers} <= pids
-    assert {p.pid for p in gym_processes(stack.spec.head_server_port)} <= pids
+    assert {p.pid for p in gym_processes(stack.config.nemo_gym.head_server.port)} <= pids
     # Everything started with this Gym's environment, the watchdog aside (spawned by this process), is in it.
     assert {p.pid for p in gym_tree(stack.test_mark)} - {stack._watchdog.pid} <= pids
-    logs = {f.name for f in stack.spec.log_dir.iterdir()}
+    logs = {f.name for f in stack.config.nemo_gym.log_dir.iterdir()}
     assert logs == {f"{n}.log" for n in expected} | {"gym_launcher.log"}
 
 
-def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
+def test_collect_returns_results_in_input_order(stack: OwnedGym) -> None:
     rows = [
         math_row("What is 2+2?", "4", answer="4", delay=1.2),
         math_row("What is 2+3?", "5", answer="7", delay=0.6),
@@ -295,7 +296,7 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
     ]
     # As the manager runs it: awaited on the runtime's loop from a fresh event loop that is closed afterwards (verl's
     # auto_await runs generate_sequences under asyncio.run when no loop is running).
-    out = asyncio.run(stack.loop.arun(stack.collect(rows, deadline_s=60, health_check_interval_s=2.0)))
+    out = asyncio.run(stack.loop.arun(stack.connection.collect(rows, deadline_s=60, health_check_interval_s=2.0)))
     assert [type(o) for o in out] == [dict] * 4
     assert [o["responses_create_params"]["input"][0]["content"] for o in out] == [
         r["responses_create_params"]["input"][0]["content"] for r in rows
@@ -304,16 +305,18 @@ def test_collect_returns_results_in_input_order(stack: GymRuntime) -> None:
     assert out[2]["response"]["output"][-1]["content"][0]["text"] == "The answer is \\boxed{0}."
 
 
-def test_collect_refuses_any_loop_but_the_runtimes(stack: GymRuntime) -> None:
+def test_collect_refuses_any_loop_but_the_runtimes(stack: OwnedGym) -> None:
     # The runtime's HTTP session is bound to its loop: a batch awaited anywhere else would break it.
     with pytest.raises(RuntimeError, match="must run on the loop it was given"):
         asyncio.run(
-            stack.collect([math_row("What is 1+1?", "2", answer="2")], deadline_s=5, health_check_interval_s=2.0)
+            stack.connection.collect(
+                [math_row("What is 1+1?", "2", answer="2")], deadline_s=5, health_check_interval_s=2.0
+            )
         )
     stack.check_health()
 
 
-def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: GymRuntime) -> None:
+def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: OwnedGym) -> None:
     rows = [math_row("What is 1+1?", "2", answer="2"), math_row("Boom", "1", answer="1", marker="FAIL500")]
     out = collect_blocking(stack, rows, deadline_s=60)
     assert out[0]["reward"] == 1.0
@@ -324,7 +327,7 @@ def test_collect_turns_an_http_500_into_a_failure_of_that_row_only(stack: GymRun
     assert f"agent 'math_with_judge_simple_agent' /run{via} returned HTTP 500" in failure.detail
 
 
-def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: GymRuntime) -> None:
+def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: OwnedGym) -> None:
     rows = [math_row("What is 1+2?", "3", answer="3"), math_row("Slow", "1", answer="1", marker="HANG")]
     t0 = time.monotonic()
     with pytest.raises(RolloutAborted, match=r"deadline of 3s with 1 of 2 episodes pending \(rows 1\)"):
@@ -333,7 +336,7 @@ def test_collect_past_its_deadline_aborts_counting_pending_episodes(stack: GymRu
     stack.check_health()
 
 
-def test_server_death_mid_batch_aborts_naming_the_server(own_stack: GymRuntime) -> None:
+def test_server_death_mid_batch_aborts_naming_the_server(own_stack: OwnedGym) -> None:
     victim = server_process(own_stack, "workplace_assistant")
     killer = threading.Timer(1.5, victim.kill)
     killer.start()
@@ -346,7 +349,7 @@ def test_server_death_mid_batch_aborts_naming_the_server(own_stack: GymRuntime) 
     assert time.monotonic() - t0 < 60  # the health check ended it, not the batch deadline
 
 
-def test_health_reports_a_killed_server_by_name(own_stack: GymRuntime) -> None:
+def test_health_reports_a_killed_server_by_name(own_stack: OwnedGym) -> None:
     for name in ("workplace_assistant", "math_with_judge"):
         server_process(own_stack, name).kill()
     deadline = time.monotonic() + 30
@@ -359,9 +362,9 @@ def test_health_reports_a_killed_server_by_name(own_stack: GymRuntime) -> None:
     assert "NeMo Gym server 'math_with_judge': process" in str(err.value) and "is gone" in str(err.value)
 
 
-def test_shutdown_leaves_no_process_and_frees_the_head_port(own_stack: GymRuntime) -> None:
+def test_shutdown_leaves_no_process_and_frees_the_head_port(own_stack: OwnedGym) -> None:
     started = own_stack.pids()
-    port = own_stack.spec.head_server_port
+    port = own_stack.config.nemo_gym.head_server.port
     assert started and gym_processes(port) and own_stack.run_dir.is_dir()
     t0 = time.monotonic()
     own_stack.shutdown()
@@ -373,7 +376,8 @@ def test_shutdown_leaves_no_process_and_frees_the_head_port(own_stack: GymRuntim
     assert not own_stack.run_dir.exists()  # the job config and Gym's Ray session files went with it
     check_port_free("127.0.0.1", port)
     with pytest.raises(RolloutAborted, match="shut down"):
-        asyncio.run(own_stack.collect([math_row("q", "1", answer="1")], deadline_s=5, health_check_interval_s=2.0))
+        rows = [math_row("q", "1", answer="1")]
+        asyncio.run(own_stack.connection.collect(rows, deadline_s=5, health_check_interval_s=2.0))
 
 
 # Gym 0.7's `single_agent_turn_legacy` environment server runs the episode itself and answers a failed one with
@@ -398,24 +402,15 @@ def test_a_failure_row_of_gyms_environment_server_comes_back_as_that_rows_typed_
 ) -> None:
     repo = REPO_ROOT
     (tmp_path / "episode_server.yaml").write_text(EPISODE_SERVER)
-    spec = GymServersSpec(
-        config_paths=(
-            "resources_servers/uppercase_share/configs/uppercase_share.yaml",
-            str(tmp_path / "episode_server.yaml"),
-        ),
-        policy_base_urls=(policy.url,),
-        policy_model_name="tiny-qwen3",
-        head_server_port=free_port(),
-        cache_dir=tmp_path / "cache",
-        startup_timeout_s=300.0,
-    )
+    paths = ("resources_servers/uppercase_share/configs/uppercase_share.yaml", str(tmp_path / "episode_server.yaml"))
+    config = gym_config(paths, free_port(), timeouts={"startup_s": 300}, venv_dir=tmp_path / "cache" / "venvs")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(repo)  # our environment's folder resolves against the current directory
-        runtime = start_runtime(spec)
+        runtime = start_gym(config, policy_servers(policy.url, "tiny-qwen3"))
     try:
         if not runtime.version.startswith("0.7"):
             pytest.fail(f"this test needs Gym 0.7's environment servers, the suite runs Gym {runtime.version}")
-        assert runtime.targets["uppercase_share_simple_agent"].via == "uppercase_share_environment_server"
+        assert runtime.connection.targets["uppercase_share_simple_agent"].via == "uppercase_share_environment_server"
         row = json.loads((repo / "resources_servers/uppercase_share/data/example.jsonl").read_text().splitlines()[0])
         failing = json.loads(json.dumps(row))
         failing["responses_create_params"]["input"][-1]["content"] += " FAIL500"
@@ -433,17 +428,11 @@ def test_a_row_its_environment_masks_comes_back_masked_and_counted_by_cause(
     tmp_path: Path, policy: PolicyStub, no_live_stack: None
 ) -> None:
     """A real Gym 0.7 resources server's verify sets `mask_sample` (tests/cpu/gym_envs/.../mask_on_request)."""
-    spec = GymServersSpec(
-        config_paths=("resources_servers/mask_on_request/configs/mask_on_request.yaml",),
-        policy_base_urls=(policy.url,),
-        policy_model_name="tiny-qwen3",
-        head_server_port=free_port(),
-        cache_dir=tmp_path / "cache",
-        startup_timeout_s=300.0,
-    )
+    paths = ["resources_servers/mask_on_request/configs/mask_on_request.yaml"]
+    config = gym_config(paths, free_port(), timeouts={"startup_s": 300}, venv_dir=tmp_path / "cache" / "venvs")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(GYM_ENVS)  # Gym finds the test environment under the current directory
-        runtime = start_runtime(spec)
+        runtime = start_gym(config, policy_servers(policy.url, "tiny-qwen3"))
     try:
         if not runtime.version.startswith("0.7"):
             pytest.fail(f"this test needs Gym 0.7's mask_sample, the suite runs Gym {runtime.version}")

@@ -65,7 +65,7 @@ def run_one_batch():
     _, batch = harness.trainer_batches(dataset, [0, 1], config)
     output = manager.generate_sequences(batch)
     assert output.batch["rm_scores"].sum().item() == 2.0
-    return sorted(manager._runtime.pids())
+    return sorted(manager._gym.pids())
 
 
 if mode == "script":

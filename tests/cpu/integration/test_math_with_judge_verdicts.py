@@ -30,7 +30,7 @@ def test_math_with_judge_verify_responses_are_told_apart_by_their_fields(expecte
         LibraryJudgeMathVerifyRequest,
     )
 
-    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+    from recipe.nemo_gym.gym.over_http.outcomes import missing_verdict_failure
 
     config = LibraryJudgeMathResourcesServerConfig.model_validate(
         {

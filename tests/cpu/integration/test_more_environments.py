@@ -35,7 +35,7 @@ N = 2
 
 def example_rows() -> list[dict]:
     from recipe.nemo_gym.config import NeMoGymSection
-    from recipe.nemo_gym.gym.seams import section_root
+    from recipe.nemo_gym.gym.owned.seams import section_root
 
     root = section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
     rows = []
@@ -57,7 +57,7 @@ def episodes(tmp_path_factory, shared_engine):
     with harness.manager_stack(tiny_qwen3_dir(), overrides, data, policy, engine=shared_engine) as stack:
         _, batch = harness.trainer_batches(stack["dataset"], range(len(rows)), stack["config"])
         output = stack["manager"].generate_sequences(batch)
-        yield rows, output, list(stack["manager"].last_results), stack["manager"]._runtime.version  # noqa: SLF001
+        yield rows, output, list(stack["manager"].last_results), stack["manager"]._gym.version  # noqa: SLF001
 
 
 def _calls(result):

@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
-from recipe.nemo_gym.gym.collect import run_examples_in_order
-from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, probe_policy_server
+from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
+from recipe.nemo_gym.gym.over_http.health import PolicyWatch, ProbeResult, probe_policy_server
 from recipe.nemo_gym_testing.cpu_policy import harness
 from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
 from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule

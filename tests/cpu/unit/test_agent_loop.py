@@ -4,9 +4,9 @@
 Real: verl's trainer config (Hydra), `NeMoGymJSONLDataset`, verl's collate, its validation padding
 (`harness.trainer_batches`), verl's REMAX batch construction (copied line for line from `RayPPOTrainer.fit`), verl's
 own `RayPPOTrainer._validate` and its metric aggregation, and the manager's `generate_sequences` on its own event
-loop, packing and failure budget. Replaced: `GymRuntime.collect`, by `FakeRuntime`, which records every example it
-is sent and answers each with a synthetic NeMo Gym result whose reward is the row's number / 10, or with an HTTP
-failure for a row whose prompt says FAIL. No server starts.
+loop, packing and failure budget. Replaced: the connected Gym (`GymConnection.collect`), by `FakeRuntime`, which
+records every example it is sent and answers each with a synthetic NeMo Gym result whose reward is the row's
+number / 10, or with an HTTP failure for a row whose prompt says FAIL. No server starts.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def question(i: int) -> str:
 
 
 class FakeRuntime:
-    """`GymRuntime`'s batch interface: records each batch's examples, answers each row at once."""
+    """A connected Gym as the manager uses it (`GymConnection.collect`, the Gym's `shutdown`): records each batch's
+    examples, answers each row at once."""
 
     agent_names = frozenset({MATH})
 
@@ -85,7 +86,7 @@ def setup(tmp_path_factory):
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
     manager = NeMoGymAgentLoopManager(config, llm_client=None)
     manager._loop = BackgroundLoop(name="test-agent-loop")  # noqa: SLF001 - the runtime is what the test replaces
-    manager._runtime = runtime = FakeRuntime()  # noqa: SLF001
+    manager._gym = manager._connection = runtime = FakeRuntime()  # noqa: SLF001
     manager.agent_names = runtime.agent_names
     try:
         yield {"config": config, "dataset": dataset, "manager": manager, "runtime": runtime}

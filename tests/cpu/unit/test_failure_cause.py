@@ -36,7 +36,7 @@ ROLLOUT_ABORTED = """\
 [  112.9s] Traceback (most recent call last):
 [  112.9s]   File "/x/verl/trainer/main_ppo.py", line 93, in run_ppo
 [  112.9s] ray.exceptions.RayTaskError(RolloutAborted): ray::TaskRunner.run() (pid=7, ip=10.0.0.1)
-[  112.9s]   File "/x/recipe/nemo_gym/gym/collect.py", line 190, in _health_or_abort
+[  112.9s]   File "/x/recipe/nemo_gym/gym/over_http/collect.py", line 190, in _health_or_abort
 [  112.9s]     raise RolloutAborted(
 [  112.9s] recipe.nemo_gym.failures.RolloutAborted: NeMo Gym server(s) ['uppercase_share'] died with 24 of 32 episodes pending:
 [  112.9s] uppercase_share (pid 4242) exited with code 137; last lines of its log /out/nemo_gym_logs/uppercase_share.log:

@@ -67,7 +67,7 @@ def test_budget_rejects_fractions_outside_zero_to_one():
 
 
 def test_gym_failure_rows_become_typed_failures_with_their_details():
-    from recipe.nemo_gym.gym.outcomes import reported_failure
+    from recipe.nemo_gym.gym.over_http.outcomes import reported_failure
 
     failed = {
         "_ng_failure_class": "environment_server_failed",
@@ -114,7 +114,7 @@ def _math_result(text: str, *, reward: float, extracted, library: float, judge=N
 
 
 def test_a_boxed_answer_scored_zero_without_an_extracted_answer_is_a_missing_verdict_not_a_zero():
-    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+    from recipe.nemo_gym.gym.over_http.outcomes import missing_verdict_failure
 
     failure = missing_verdict_failure(
         5, "math_with_judge", _math_result("The answer is \\boxed{32}.", reward=0.0, extracted=None, library=0.0)
@@ -141,7 +141,7 @@ def test_a_boxed_answer_scored_zero_without_an_extracted_answer_is_a_missing_ver
     ],
 )
 def test_results_with_a_verdict_are_left_alone(result):
-    from recipe.nemo_gym.gym.outcomes import missing_verdict_failure
+    from recipe.nemo_gym.gym.over_http.outcomes import missing_verdict_failure
 
     assert missing_verdict_failure(0, "math_with_judge", result) is None
 
@@ -154,7 +154,7 @@ def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure():
     import aiohttp
     from aiohttp import web
 
-    from recipe.nemo_gym.gym.client import RunTarget, make_post_run
+    from recipe.nemo_gym.gym.over_http.client import RunTarget, make_post_run
     from recipe.nemo_gym_testing.helpers import free_port
 
     answers = iter(

@@ -4,7 +4,7 @@
 - the config's rules (`nemo_gym.attach` excludes the settings of a Gym the plugin starts);
 - `policy_handover`: what an attached Gym's configuration must hold to be handed verl's policy, each refusal named;
 - `publish_endpoint`: the file Gym's `vllm_model` re-reads, written whole;
-- `RemoteServerWatch`: consecutive unanswered probes of a remote Gym server;
+- `RemoteServerWatch` (`over_http/health.py`): consecutive unanswered probes of a remote Gym server;
 - `pick_server` and `PolicyRelay`: requests passed on whole to the least busy policy server. The upstream servers
   here are small HTTP servers in threads (stand-ins for vLLM: the relay never reads what it passes on); the relay
   in front of verl's real vLLM servers runs in `test_attach.py`;
@@ -26,16 +26,15 @@ from recipe.nemo_gym.config import ConfigError, NeMoGymConfig, load_config
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.attach import (
     AttachedGym,
-    AttachSpec,
     PolicyHandover,
-    RemoteServerWatch,
     policy_handover,
     publish_endpoint,
 )
-from recipe.nemo_gym.gym.client import server_root
 from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout
+from recipe.nemo_gym.gym.over_http.client import ServerInstance, server_root
+from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch
 from recipe.nemo_gym.gym.relay import PolicyRelay, pick_server
-from recipe.nemo_gym.gym.spec import ServerInstance
 from recipe.nemo_gym_testing.helpers import free_port
 
 MODEL = "/models/tiny"
@@ -318,17 +317,21 @@ def test_relay_answers_502_naming_a_policy_server_it_cannot_reach(upstreams):
 
 def test_attaching_to_nothing_ends_at_the_deadline_naming_the_head_server():
     url = f"http://127.0.0.1:{free_port()}"
-    spec = AttachSpec(head_server_url=url, policy_base_urls=("http://127.0.0.1:1/v1",), policy_model_name=MODEL,
-                      startup_timeout_s=3.0)  # fmt: skip
+    config = NeMoGymConfig.model_validate(
+        {"nemo_gym": {"attach": {"head_server_url": url}}, "timeouts": {"startup_s": 3}}
+    )
     with BackgroundLoop(name="attach-test") as loop:
         t0 = time.monotonic()
         with pytest.raises(GymStartTimeout) as e:
-            AttachedGym.attach(spec, loop=loop)
+            AttachedGym.attach(config, PolicyServers(("http://127.0.0.1:1/v1",), MODEL), loop=loop)
         assert time.monotonic() - t0 < 10
     assert str(e.value).startswith(f"the NeMo Gym at {url} was not ready within 3s (its head server did not answer)")
     assert e.value.servers == ("head_server",)
 
 
-def test_attach_spec_refuses_a_head_server_url_without_host():
-    with pytest.raises(GymConfigError, match=r"nemo_gym\.attach\.head_server_url: 'ftp://x' is not http://host:port"):
-        AttachSpec(head_server_url="ftp://x", policy_base_urls=("http://a:1/v1",), policy_model_name=MODEL)
+def test_the_yaml_refuses_a_head_server_url_that_is_not_http_host_port(tmp_path):
+    path = tmp_path / "plugin.yaml"
+    for url in ("ftp://x", "https://gym:11000", "http://gym:11000/prefix"):  # the head server speaks plain HTTP
+        path.write_text(f"nemo_gym:\n  attach:\n    head_server_url: {url}\n")
+        with pytest.raises(ConfigError, match=r"nemo_gym\.attach\.head_server_url: String should match pattern"):
+            load_config(path)

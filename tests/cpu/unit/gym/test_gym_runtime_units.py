@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GymRuntime's parts that need no server, with exact expectations: config paths and where they are looked for,
-the spec and NeMo Gym's global config, the head server's instances and run targets, server folders' venv links,
-the rows' check, the event loop, the batch core (order, deadline, a dead server), and a start that fails before
-anything starts. NeMo Gym's real servers under GymRuntime: `tests/cpu/integration/test_gym_runtime.py`.
+"""OwnedGym's parts that need no server, with exact expectations: config paths and where they are looked for,
+what Gym is handed from the validated YAML and NeMo Gym's global config, the head server's instances and run
+targets, server folders' venv links, the rows' check, the event loop, the batch core (order, deadline, a dead
+server), and a start that fails before anything starts. NeMo Gym's real servers under OwnedGym:
+`tests/cpu/integration/test_gym_runtime.py`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,26 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from recipe.nemo_gym.config import NeMoGymConfig, NeMoGymSection, load_config
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
-from recipe.nemo_gym.gym.client import RunTarget, instances_from_json, pairing_problems, run_targets
-from recipe.nemo_gym.gym.collect import run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout, HeadPortInUseError
-from recipe.nemo_gym.gym.health import LAUNCHER
-from recipe.nemo_gym.gym.launch import GymRuntime, check_port_free, missed_ray_start
-from recipe.nemo_gym.gym.seams import (
+from recipe.nemo_gym.gym.over_http.client import (
+    RunTarget,
+    ServerInstance,
+    instances_from_json,
+    pairing_problems,
+    run_targets,
+)
+from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
+from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free, missed_ray_start
+from recipe.nemo_gym.gym.owned.liveness import LAUNCHER
+from recipe.nemo_gym.gym.owned.seams import (
     check_config_paths,
     extra_roots,
     link_server_venvs,
@@ -34,10 +46,10 @@ from recipe.nemo_gym.gym.seams import (
     server_dirs,
     write_interpreter_shim,
 )
-from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
+from recipe.nemo_gym.limits import ConnectionLimits
 from recipe.nemo_gym_testing.gym_runtime import MATH_CONFIG as MATH
 from recipe.nemo_gym_testing.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
-from recipe.nemo_gym_testing.gym_runtime import gym_processes, start_runtime
+from recipe.nemo_gym_testing.gym_runtime import gym_config, gym_processes, policy_servers, start_gym
 from recipe.nemo_gym_testing.gym_runtime import stub_math_row as math_row
 from recipe.nemo_gym_testing.helpers import free_port
 
@@ -65,18 +77,13 @@ def test_check_config_paths_names_every_missing_path_and_where_it_looked(tmp_pat
     assert check_config_paths([WORKPLACE], tmp_path, nemo_gym_install_root()) == [nemo_gym_install_root() / WORKPLACE]
 
 
-def test_build_global_config_dict_exact(tmp_path: Path) -> None:
-    spec = GymServersSpec(
-        config_paths=[MATH],
-        policy_base_urls=["http://h1:8000/v1", "http://h2:8000/v1"],
-        policy_model_name="/models/qwen",
-        policy_api_key="k",
-        head_server_port=12345,
-        log_dir=tmp_path / "logs",
-        overrides={"math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}}},
+def test_global_config_exact(tmp_path: Path) -> None:
+    section = NeMoGymSection(
+        config_paths=[MATH], policy_api_key="k", head_server={"port": 12345}, log_dir=tmp_path / "logs"
     )
-    assert spec.all_config_paths == ("responses_api_models/vllm_model/configs/vllm_model_for_training.yaml", MATH)
-    assert build_global_config_dict(spec, Path("/v"), Path("/u")) == {
+    policy = PolicyServers(("http://h1:8000/v1", "http://h2:8000/v1"), "/models/qwen")
+    overrides = {"math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}}}
+    assert global_config(section, policy, overrides, Path("/v"), Path("/u"), tmp_path / "logs") == {
         "model_endpoint_readiness_timeout_seconds": 0,
         "math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": False}}},
         "policy_base_url": ["http://h1:8000/v1", "http://h2:8000/v1"],
@@ -90,9 +97,8 @@ def test_build_global_config_dict_exact(tmp_path: Path) -> None:
     }
 
 
-def test_spec_from_plugin_yaml_maps_every_field(tmp_path: Path) -> None:
-    from recipe.nemo_gym.config import load_config
-
+def test_the_plugin_yaml_is_what_gym_is_started_with(tmp_path: Path) -> None:
+    """Every key of `nemo_gym` that reaches Gym, read from the validated YAML itself (no second description)."""
     path = tmp_path / "plugin.yaml"
     path.write_text(
         f"""
@@ -104,6 +110,7 @@ nemo_gym:
     - /abs/env.yaml
   config_overrides:
     policy_model: {{responses_api_models: {{vllm_model: {{extra_body: {{x: 1}}}}}}}}
+    global_aiohttp_connector_limit: 7
   head_server: {{host: 0.0.0.0, port: 12001}}
   policy_api_key: secret
   uses_reasoning_parser: true
@@ -112,41 +119,64 @@ nemo_gym:
 timeouts: {{startup_s: 42, shutdown_grace_s: 3}}
 """
     )
-    spec = GymServersSpec.from_config(load_config(path), ["http://h:1/v1"], "served-name")
-    assert spec.all_config_paths == (
+    section = load_config(path).nemo_gym
+    assert section.rooted_config_paths() == [
         str(tmp_path / "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"),
         "/abs/env.yaml",
-    )
-    assert spec.overrides == {
+    ]
+    limits = ConnectionLimits(total=50, per_host=5, soft=1024, hard=1024, server_soft=1024)
+    overrides = gym_overrides(section, limits)
+    # The limits go under the user's overrides: the user's total wins, the per-host limit is the derived one.
+    assert overrides == {
+        "global_aiohttp_connector_limit": 7,
+        "global_aiohttp_connector_limit_per_host": 5,
         "policy_model": {
             "responses_api_models": {"vllm_model": {"uses_reasoning_parser": True, "extra_body": {"x": 1}}}
-        }
+        },
     }
-    assert (spec.head_server_host, spec.head_server_port, spec.policy_api_key) == ("0.0.0.0", 12001, "secret")
-    assert (spec.policy_base_urls, spec.policy_model_name, spec.environment) == (
-        ("http://h:1/v1",),
+    job = global_config(section, PolicyServers(("http://h:1/v1",), "served-name"), overrides, Path("/v"), Path("/u"),
+                        section.log_dir)  # fmt: skip
+    assert (job["head_server"], job["policy_api_key"], job["policy_model_name"]) == (
+        {"host": "0.0.0.0", "port": 12001},
+        "secret",
         "served-name",
-        tmp_path / "gym-env",
     )
-    assert (spec.venv_dir, spec.log_dir) == (tmp_path / "venvs", tmp_path / "logs")
-    assert (spec.startup_timeout_s, spec.shutdown_grace_s) == (42, 3)
+    assert (section.environment, section.venv_dir, job["nemo_gym_log_dir"]) == (
+        tmp_path / "gym-env",
+        tmp_path / "venvs",
+        str(tmp_path / "logs"),
+    )
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "needle"),
+    ("nemo_gym", "needle"),
     [
-        ({"config_paths": ()}, "config_paths is empty"),
-        ({"policy_base_urls": ("localhost:8000",)}, "not an http(s) URL"),
-        ({"overrides": {"head_server": {"port": 1}}}, "['head_server']"),
-        ({"overrides": {"ray_head_node_address": "10.0.0.1:6379"}}, "['ray_head_node_address']"),
-        ({"head_server_port": 70000}, "head_server_port: Input should be less than or equal to 65535, got 70000"),
-        ({"startup_timeout_s": 0}, "startup_timeout_s: Input should be greater than 0, got 0"),
+        (
+            {"config_overrides": {"head_server": {"port": 1}}},
+            "nemo_gym.config_overrides: Value error, sets ['head_server']",
+        ),
+        ({"config_overrides": {"ray_head_node_address": "x:6379"}}, "sets ['ray_head_node_address'], which the plugin"),
+        ({"head_server": {"port": 70000}}, "nemo_gym.head_server.port: Input should be less than or equal to 65535"),
     ],
 )
-def test_spec_rejects_bad_fields_naming_them(kwargs: dict, needle: str) -> None:
-    base = {"config_paths": (MATH,), "policy_base_urls": ("http://h:1/v1",), "policy_model_name": "m"}
+def test_the_yaml_refuses_what_gym_could_not_be_started_with_naming_the_key(tmp_path, nemo_gym, needle) -> None:
+    path = tmp_path / "plugin.yaml"
+    path.write_text(yaml.safe_dump({"nemo_gym": {"config_paths": [MATH], **nemo_gym}}))
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("base_urls", "model", "needle"),
+    [
+        ((), "m", "no policy server"),
+        (("localhost:8000",), "m", "['localhost:8000'] are not http(s) URLs"),
+        (("http://h:1/v1",), "", "model name is empty"),
+    ],
+)
+def test_policy_servers_refuse_what_gym_could_not_call(base_urls, model, needle) -> None:
     with pytest.raises(GymConfigError, match=re.escape(needle)):
-        GymServersSpec(**(base | kwargs))
+        PolicyServers(base_urls, model)
 
 
 def test_instances_from_the_head_server_become_typed_records() -> None:
@@ -402,15 +432,9 @@ def test_run_examples_in_order_aborts_naming_the_dead_server() -> None:
 
 def test_start_with_missing_config_path_fails_before_starting_anything(tmp_path: Path) -> None:
     port = free_port()
-    spec = GymServersSpec(
-        config_paths=(MATH, "resources_servers/no_such_env/configs/no_such_env.yaml"),
-        policy_base_urls=("http://127.0.0.1:9/v1",),
-        policy_model_name="m",
-        head_server_port=port,
-        cache_dir=tmp_path,
-    )
+    config = gym_config((MATH, "resources_servers/no_such_env/configs/no_such_env.yaml"), port, venv_dir=tmp_path)
     with pytest.raises(GymConfigError, match=r"'resources_servers/no_such_env/configs/no_such_env.yaml' \(looked in"):
-        start_runtime(spec)
+        start_gym(config, policy_servers("http://127.0.0.1:9/v1"))
     assert gym_processes(port) == []
     check_port_free("127.0.0.1", port)
 
@@ -452,27 +476,22 @@ def test_only_a_launcher_ended_by_rays_start_up_deadline_counts_as_a_missed_ray_
     assert missed_ray_start(error) is retried
 
 
-def _retry_spec() -> GymServersSpec:
-    return GymServersSpec(
-        config_paths=(str(MATH),),
-        policy_base_urls=("http://127.0.0.1:1/v1",),
-        policy_model_name="policy",
-        startup_timeout_s=60,
-    )
+def _retry_config() -> NeMoGymConfig:
+    return gym_config([MATH], 11000, timeouts={"startup_s": 60})
 
 
 def _start_attempts(monkeypatch, outcomes: list) -> list[float]:
-    """Replace one start attempt (`GymRuntime._start_once`) by `outcomes` in turn; the deadlines it was given."""
+    """Replace one start attempt (`OwnedGym._start_once`) by `outcomes` in turn; the deadlines it was given."""
     deadlines = []
 
-    def start_once(cls, spec, loop, deadline):
+    def start_once(cls, config, policy, loop, overrides, deadline):
         deadlines.append(deadline)
         outcome = outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(GymRuntime, "_start_once", classmethod(start_once))
+    monkeypatch.setattr(OwnedGym, "_start_once", classmethod(start_once))
     return deadlines
 
 
@@ -481,9 +500,8 @@ def test_a_launcher_ended_by_rays_start_up_deadline_is_started_once_more_within_
 ) -> None:
     started = object()
     deadlines = _start_attempts(monkeypatch, [GymServerDied(RAY_MISSED, [LAUNCHER]), started])
-    spec = _retry_spec()
     t0 = time.monotonic()
-    assert GymRuntime.start(spec, loop=None) is started
+    assert OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None) is started
     assert len(deadlines) == 2 and deadlines[0] == deadlines[1] and t0 + 59 < deadlines[0] <= time.monotonic() + 60
     assert "starting NeMo Gym once more" in plugin_caplog.text
 
@@ -497,7 +515,6 @@ def test_a_launcher_ended_by_rays_start_up_deadline_is_started_once_more_within_
 )
 def test_any_other_start_up_failure_or_a_second_one_is_raised(monkeypatch, first) -> None:
     deadlines = _start_attempts(monkeypatch, [first, GymServerDied(RAY_MISSED, [LAUNCHER])])
-    spec = _retry_spec()
     with pytest.raises(GymServerDied):
-        GymRuntime.start(spec, loop=None)
+        OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None)
     assert len(deadlines) == (2 if missed_ray_start(first) else 1)

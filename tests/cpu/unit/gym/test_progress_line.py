@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.gym.collect import ProgressLine, run_examples_in_order
+from recipe.nemo_gym.gym.over_http.collect import ProgressLine, run_examples_in_order
 
 
 class FakeClock:
@@ -21,7 +21,7 @@ class FakeClock:
 def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episode(plugin_caplog):
     clock = FakeClock()
     line = ProgressLine(interval_s=10.0, clock=clock)
-    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.over_http.collect"):
         clock.now = 105.0
         line(1, 0, 4)  # 5 s in: too soon
         clock.now = 111.0
@@ -56,13 +56,13 @@ def test_batch_reports_progress_with_failures_counted_until_every_episode_is_don
 
 
 def test_while_a_policy_server_fails_its_probes_the_line_says_what_the_batch_waits_for(plugin_caplog):
-    from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult
+    from recipe.nemo_gym.gym.over_http.health import PolicyWatch, ProbeResult
 
     clock = FakeClock()
     url = "http://10.0.0.5:8000"
     watch = PolicyWatch([url], timeout_s=1.0, max_failures=3)
     line = ProgressLine(interval_s=10.0, clock=clock, waiting_on=watch.waiting_on)
-    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.collect"):
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.over_http.collect"):
         clock.now = 111.0
         line(1, 0, 4)
         watch.record([ProbeResult(url, False, "connection refused")], now=clock.now)

@@ -1,22 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reliability of a rollout, the pure parts: how an error body relayed by NeMo Gym becomes a failure cause
-(`gym/outcomes.py`: splice refusals, non-finite log-probs, other server errors, a prompt over the context), on
-exact inputs and on bodies captured from the running stack, and the policy server's health watch (`gym/health.py`:
-its URL, its settings, consecutive failures). The same on real servers and the real manager:
+(`gym/over_http/outcomes.py`: splice refusals, non-finite log-probs, other server errors, a prompt over the
+context), on exact inputs and on bodies captured from the running stack, and the policy server's health watch
+(`gym/over_http/health.py`: its URL, its settings, consecutive failures). The same on real servers and the real manager:
 `tests/cpu/integration/test_reliability.py`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import yaml
 
+from recipe.nemo_gym.config import load_config
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.gym.errors import GymConfigError, PolicyServerUnreachable
-from recipe.nemo_gym.gym.health import PolicyWatch, ProbeResult, policy_health_url
-from recipe.nemo_gym.gym.outcomes import context_overflow_failure, server_error_cause, server_error_failure
-from recipe.nemo_gym.gym.spec import GymServersSpec
+from recipe.nemo_gym.gym.errors import PolicyServerUnreachable
+from recipe.nemo_gym.gym.over_http.health import PolicyWatch, ProbeResult, policy_health_url
+from recipe.nemo_gym.gym.over_http.outcomes import context_overflow_failure, server_error_cause, server_error_failure
 from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
 from recipe.nemo_gym.splice.eos_splice import TurnCountMismatch, splice_prompt_ids
 from recipe.nemo_gym_testing.helpers import MATH_AGENT as MATH
@@ -191,14 +194,18 @@ def test_policy_health_url_is_the_servers_root_health():
     assert policy_health_url("https://host/prefix") == "https://host/prefix/health"
 
 
-def test_spec_rejects_bad_policy_health_settings():
-    base = {"config_paths": ("x.yaml",), "policy_base_urls": ("http://h:1/v1",), "policy_model_name": "m"}
-    with pytest.raises(
-        GymConfigError, match="policy_health_failures: Input should be greater than or equal to 1, got 0"
-    ):
-        GymServersSpec(**base, policy_health_failures=0)
-    with pytest.raises(GymConfigError, match="policy_health_timeout_s: Input should be greater than 0"):
-        GymServersSpec(**base, policy_health_timeout_s=0)
+@pytest.mark.parametrize(
+    ("timeouts", "needle"),
+    [
+        ({"policy_health_failures": 0}, "timeouts.policy_health_failures: Input should be greater than or equal to 1"),
+        ({"policy_health_timeout_s": 0}, "timeouts.policy_health_timeout_s: Input should be greater than 0"),
+    ],
+)
+def test_the_yaml_refuses_policy_health_settings_that_could_never_pass(tmp_path, timeouts, needle):
+    path = tmp_path / "plugin.yaml"
+    path.write_text(yaml.safe_dump({"nemo_gym": {"config_paths": ["x.yaml"]}, "timeouts": timeouts}))
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(path)
 
 
 def test_policy_watch_aborts_only_after_consecutive_failures_and_names_the_server():

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
-from recipe.nemo_gym.gym.collect import run_examples_in_order
+from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
 
 
 def scripted(outcomes_per_row: dict[int, list]):

@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """The sources follow the project's ruff settings (pyproject.toml: lint rules, line length 120) and carry the
-SPDX licence identifier of pyproject.toml's licence."""
+SPDX licence identifier of pyproject.toml's licence; the plugin imports no NeMo Gym module, and no module of the
+plugin imports itself through others (no import cycle, read from the sources with `ast`)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,76 @@ def test_the_plugin_imports_no_nemo_gym_module():
         ["grep", "-rnE", r"^\s*(import|from) nemo_gym", "recipe/nemo_gym"], cwd=REPO, capture_output=True, text=True
     )
     assert found.returncode == 1 and found.stdout == "", found.stdout
+
+
+def module_imports(package: Path, name: str) -> dict[str, set[str]]:
+    """The imports each module of `package` (dotted `name`) runs when it is imported: module-level statements only
+    (an import inside a function runs later, and one under `if TYPE_CHECKING:` never), each resolved to the module
+    files of `package` it loads, the packages above them included (but for its own)."""
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = (*name.split("."), *path.relative_to(package).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def loaded(target: str) -> set[str]:
+        parts = target.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(modules)
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    edges |= loaded(alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= loaded(node.module)
+                edges |= {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+        # A module's own packages are imported before it is, whatever it names: never an edge that closes a cycle.
+        graph[module] = {e for e in edges if not (module == e or module.startswith(f"{e}."))}
+    assert name in graph, f"no package {name} at {package}"
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), each sorted: a cycle runs through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def test_import_cycles_are_found_where_there_is_one():
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
+    assert import_cycles({"p.a": {"p.b"}, "p.b": set()}) == []
+
+
+def test_the_plugin_package_has_no_import_cycle():
+    graph = module_imports(REPO / "recipe" / "nemo_gym", "recipe.nemo_gym")
+    assert len(graph) > 40 and "recipe.nemo_gym.gym.owned.launch" in graph["recipe.nemo_gym.gym.connect"]
+    assert import_cycles(graph) == []

@@ -334,7 +334,7 @@ def run_by(command: str) -> str | None:
 RUN_HERE: dict[str, tuple[set[int], str]] = {
     "DRY_RUN=1 ./submit_multienv.sh": ({0}, "verl.trainer.main_ppo"),
     "python -m recipe.nemo_gym.preflight megatron": ({0, 1}, ""),
-    "python -m recipe.nemo_gym.gym.environment": ({0}, "nemo-gym"),
+    "python -m recipe.nemo_gym.gym.owned.environment": ({0}, "nemo-gym"),
     "python -m recipe.nemo_gym_testing.cpu_training difference": ({0}, "trainer.device=cpu"),
 }
 
@@ -437,7 +437,7 @@ def blocks_of(path: Path, language: str) -> list[str]:
 def test_adding_an_environment_example_is_consistent(monkeypatch):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
-    from recipe.nemo_gym.gym.seams import section_config_paths
+    from recipe.nemo_gym.gym.owned.seams import section_config_paths
     from recipe.nemo_gym_testing.cpu_policy import tiny_model
     from recipe.nemo_gym_testing.cpu_training.job import spec_from_json
 

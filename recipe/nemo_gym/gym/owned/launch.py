@@ -1,35 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`GymRuntime`: one NeMo Gym configuration run out of process, supervised over HTTP, stopped with nothing left.
+"""`OwnedGym`: one NeMo Gym configuration the plugin starts out of process, supervises and stops, leaving nothing.
 
 Contract:
-- `GymRuntime.start(spec, loop=...)` finds Gym's Python environment (`environment.py`; its nemo-gym release,
+- `OwnedGym.start(config, policy, loop=...)` takes the validated plugin YAML (`config.NeMoGymConfig`) and verl's
+  policy servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release,
   0.4.x or 0.7.x, is read from it, and any other is refused naming it), checks that every config path exists
   and that the head server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4)
   from that environment as a process tree of its own: a new session, SIGINT at its default action, no `RAY_*`
   variable and a private `RAY_TMPDIR` (Gym starts its own Ray, never the trainer's), offline (each server's venv
-  is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). It returns once
-  the head server lists the servers and every one answers HTTP, within
-  `spec.startup_timeout_s`. If the launcher or a server dies, or the deadline passes, everything started is
-  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
-  once and within the same deadline: Gym's launcher ending because its own Ray missed Ray's fixed start-up deadline
-  (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
-- Nothing of NeMo Gym is imported here: the head server's `/server_instances` and `/global_config_dict_yaml`
-  (`client.HeadClient`) give every server's URL and process, and rows are posted to `/run` over HTTP.
-- `loop` is the caller's `BackgroundLoop` (in production the agent loop manager's), borrowed, never created or
-  closed here: every `collect` must run on it, because the runtime's aiohttp session is made on it, and
-  `shutdown` closes that session there.
-- `health()` / `check_health()` are cheap (process liveness of the launcher and of every server; HTTP only on
-  request) and name dead servers.
-- `await collect(examples, deadline_s, ...)` (`connection.GymConnection`) runs the batch on `loop` (anything else
-  raises `RuntimeError` before a request goes out). It checks Gym's servers (`check_health`) and the policy servers
-  (`spec.policy_health_failures` consecutive probes without an answer abort it) while it waits.
+  is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym reads the
+  plugin's keys last (`job_config.global_config`). It returns once the head server lists the servers and every
+  one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes,
+  everything started is stopped and the error names what failed and shows the last lines of its log. One start-up
+  failure is retried, once and within the same deadline: Gym's launcher ending because its own Ray missed Ray's
+  fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause and a second start does not
+  meet again.
+- Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
+  on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
+  Gym's `check_health`.
+- `health()` / `check_health()` are cheap (process liveness of the launcher and of every server, `liveness.py`;
+  HTTP only on request) and name dead servers.
 - `shutdown()` sends the launcher's process group SIGINT (Gym's own orderly stop: servers, then its Ray), SIGKILLs
-  whatever is left after `spec.shutdown_grace_s`, removes the run's private folder (the job config, Ray's session
-  files, the logs unless `spec.log_dir` keeps them elsewhere), then closes the aiohttp session on `loop` (skipped if
-  the loop is already closed). Idempotent; also runs at interpreter exit (verl never calls it). On SIGTERM of this
-  process every process started is sent SIGKILL at once (`kill_now`; a Ray actor such as verl's TaskRunner is
-  SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already installed runs
-  (`processes.install_exit_hooks`).
+  whatever is left after `timeouts.shutdown_grace_s`, removes the run's private folder (the job config, Ray's
+  session files, the logs unless `nemo_gym.log_dir` keeps them elsewhere), then closes the connection (its aiohttp
+  session, on `loop`, skipped if the loop is already closed). Idempotent; also runs at interpreter exit (verl
+  never calls it). On SIGTERM of this process every process started is sent SIGKILL at once (`kill_now`; a Ray
+  actor such as verl's TaskRunner is SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already
+  installed runs (`exit_hooks.py`).
 - If this process ends with no hook run at all (SIGKILL; Ray ending a worker), a `watchdog.Watchdog` process
   started before the launcher SIGKILLs every process of the launcher's session at once.
 """
@@ -50,33 +47,32 @@ from pathlib import Path
 import psutil
 import yaml
 
+from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
-from recipe.nemo_gym.gym import seams
-from recipe.nemo_gym.gym.client import HeadClient
-from recipe.nemo_gym.gym.connection import GymConnection
-from recipe.nemo_gym.gym.environment import (
+from recipe.nemo_gym.gym import exit_hooks
+from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
+from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance
+from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+from recipe.nemo_gym.gym.over_http.health import wait_until_answering
+from recipe.nemo_gym.gym.owned import seams
+from recipe.nemo_gym.gym.owned.environment import (
     GymEnvironment,
     clean_environment,
     inspect_environment,
     launcher_argv,
     locate_environment,
 )
-from recipe.nemo_gym.gym.errors import (
-    GymServerDied,
-    GymStartTimeout,
-    HeadPortInUseError,
-)
-from recipe.nemo_gym.gym.health import (
+from recipe.nemo_gym.gym.owned.job_config import cache_root, global_config, gym_overrides
+from recipe.nemo_gym.gym.owned.liveness import (
     LAUNCHER,
     HealthReport,
     ServerHealth,
     check_server_health,
     server_health,
-    wait_until_answering,
 )
-from recipe.nemo_gym.gym.processes import LIVE, LIVE_LOCK, ProcessTree, exit_description, install_exit_hooks
-from recipe.nemo_gym.gym.spec import GymServersSpec, ServerInstance, build_global_config_dict
-from recipe.nemo_gym.gym.watchdog import Watchdog
+from recipe.nemo_gym.gym.owned.processes import ProcessTree, exit_description
+from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)
 
@@ -124,18 +120,19 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-class GymRuntime(GymConnection):
-    """A started NeMo Gym configuration. Build with `GymRuntime.start(spec, loop=...)`; stop with `shutdown()`."""
+class OwnedGym:
+    """A NeMo Gym the plugin started. Build with `OwnedGym.start(config, policy, loop=...)`; stop with `shutdown()`.
 
-    def __init__(self, spec: GymServersSpec, loop: BackgroundLoop):
-        super().__init__(
-            loop,
-            overrides=spec.overrides,
-            policy_base_urls=spec.policy_base_urls,
-            policy_health_timeout_s=spec.policy_health_timeout_s,
-            policy_health_failures=spec.policy_health_failures,
-        )
-        self.spec = spec
+    `connection` (`over_http.connection.GymConnection`) is how rows reach it; this object owns its processes."""
+
+    def __init__(self, config: NeMoGymConfig, policy: PolicyServers, loop: BackgroundLoop, overrides: dict):
+        self.config = config
+        self.policy = policy
+        self.loop = loop  # borrowed: see the module docstring
+        self.overrides = overrides  # Gym's global-config keys from the plugin YAML (`job_config.gym_overrides`)
+        self.connection: GymConnection | None = None
+        self.servers: tuple[ServerInstance, ...] = ()
+        self.startup_s: float | None = None
         self.environment: GymEnvironment | None = None
         self.run_dir: Path | None = None
         self.log_dir: Path | None = None
@@ -143,24 +140,40 @@ class GymRuntime(GymConnection):
         self._tree: ProcessTree | None = None
         self._watchdog: Watchdog | None = None
         self.survivors: tuple[int, ...] = ()
+        self._stop = exit_hooks.StopOnce()
 
     @property
     def version(self) -> str | None:
         """The nemo-gym release running, as its environment reported it."""
         return self.environment.version if self.environment is not None else None
 
+    @property
+    def config_paths(self) -> list[str]:
+        """The config files Gym is started with (`nemo_gym.config_paths`, under `nemo_gym.root` when it is set)."""
+        return self.config.nemo_gym.rooted_config_paths()
+
     # ---------------------------------------------------------------- start
 
     @classmethod
-    def start(cls, spec: GymServersSpec, *, loop: BackgroundLoop) -> GymRuntime:
+    def start(
+        cls,
+        config: NeMoGymConfig,
+        policy: PolicyServers,
+        *,
+        loop: BackgroundLoop,
+        limits: ConnectionLimits | None = None,
+    ) -> OwnedGym:
         """Start Gym and wait until every server answers; on any failure nothing started is left running.
 
-        `loop` is the event loop every `collect` will run on (see the module docstring); it is not used to start.
-        A launcher that ended on Ray's start-up deadline is started once more, within the same deadline.
+        `loop` is the event loop every `connection.collect` will run on (see the module docstring); it is not used
+        to start. `limits` go into Gym's global config under the user's `nemo_gym.config_overrides`, and bound the
+        connection's own HTTP session. A launcher that ended on Ray's start-up deadline is started once more,
+        within the same deadline.
         """
-        deadline = time.monotonic() + spec.startup_timeout_s
+        deadline = time.monotonic() + config.timeouts.startup_s
+        overrides = gym_overrides(config.nemo_gym, limits)
         try:
-            return cls._start_once(spec, loop, deadline)
+            return cls._start_once(config, policy, loop, overrides, deadline)
         except GymServerDied as e:
             if not missed_ray_start(e):
                 raise
@@ -169,31 +182,32 @@ class GymRuntime(GymConnection):
                 "starting NeMo Gym once more",
                 RAY_START_TIMEOUT,
             )
-        return cls._start_once(spec, loop, deadline)
+        return cls._start_once(config, policy, loop, overrides, deadline)
 
     @classmethod
-    def _start_once(cls, spec: GymServersSpec, loop: BackgroundLoop, deadline: float) -> GymRuntime:
-        environment = inspect_environment(locate_environment(spec.environment))
-        seams.check_config_paths(spec.all_config_paths, Path.cwd(), environment.install_root)
-        with LIVE_LOCK:
-            check_port_free(spec.head_server_host, spec.head_server_port)
-            runtime = cls(spec, loop)
-            runtime.environment = environment
-            LIVE.add(runtime)
-        install_exit_hooks()
+    def _start_once(
+        cls, config: NeMoGymConfig, policy: PolicyServers, loop: BackgroundLoop, overrides: dict, deadline: float
+    ) -> OwnedGym:
+        section = config.nemo_gym
+        environment = inspect_environment(locate_environment(section.environment))
+        seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        check_port_free(section.head_server.host, section.head_server.port)
+        gym = cls(config, policy, loop, overrides)
+        gym.environment = environment
+        exit_hooks.register(gym)
         try:
-            runtime._start(deadline)
+            gym._start(deadline)
         except BaseException:
-            runtime.shutdown()
+            gym.shutdown()
             raise
-        return runtime
+        return gym
 
     def _start(self, deadline: float) -> None:
         t0 = time.monotonic()
-        spec, environment = self.spec, self.environment
+        section, environment = self.config.nemo_gym, self.environment
         assert environment is not None
-        cache = spec.resolved_cache_dir()
-        venv_dir = spec.venv_dir or cache / "nemo_gym_venvs"
+        cache = cache_root()
+        venv_dir = section.venv_dir or cache / "nemo_gym_venvs"
         shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
         roots = [environment.install_root, Path.cwd(), *seams.extra_roots(os.environ)]
         seams.link_server_venvs(venv_dir, seams.server_dirs(roots), shim)
@@ -202,14 +216,14 @@ class GymRuntime(GymConnection):
         self.run_dir = Path(tempfile.mkdtemp(prefix="ng-gym-", dir="/tmp" if Path("/tmp").is_dir() else None))
         job_config = self.run_dir / JOB_CONFIG
         # Gym writes one log per server there (`nemo_gym_log_dir`): a private folder unless the user keeps them.
-        self.log_dir = spec.log_dir or self.run_dir / "logs"
+        self.log_dir = section.log_dir or self.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.launcher_log = self.log_dir / LAUNCHER_LOG
-        job = build_global_config_dict(spec, venv_dir, cache / "uv") | {"nemo_gym_log_dir": str(self.log_dir)}
+        job = global_config(section, self.policy, self.overrides, venv_dir, cache / "uv", self.log_dir)
         job_config.write_text(yaml.safe_dump(job, sort_keys=False))
         env = clean_environment(os.environ)
         env.update(RAY_TMPDIR=str(self.run_dir / "ray"), PYTHONUNBUFFERED="1")
-        argv = launcher_argv(environment, [*spec.all_config_paths, str(job_config)])
+        argv = launcher_argv(environment, [*self.config_paths, str(job_config)])
 
         self._watchdog = Watchdog.spawn()  # before the launcher: no Gym process may outlive this one unwatched
         with open(self.launcher_log, "ab") as log:
@@ -232,9 +246,9 @@ class GymRuntime(GymConnection):
         logger.info("NeMo Gym %s: %d servers ready in %.1fs", environment.version, len(self.servers), self.startup_s)
 
     def _wait_until_ready(self, deadline: float) -> None:
-        spec, tree = self.spec, self._tree
+        section, tree = self.config.nemo_gym, self._tree
         assert tree is not None
-        head = HeadClient(spec.head_server_host, spec.head_server_port, timeout_s=5.0)
+        head = HeadClient(section.head_server.host, section.head_server.port, timeout_s=5.0)
 
         def still_starting(servers: list[ServerInstance]) -> None:
             tree.refresh()
@@ -253,13 +267,22 @@ class GymRuntime(GymConnection):
                 else f"the head server {head.url} never listed its servers"
             )
             raise GymStartTimeout(
-                f"NeMo Gym servers not ready within {spec.startup_timeout_s:g}s; {what}."
+                f"NeMo Gym servers not ready within {self.config.timeouts.startup_s:g}s; {what}."
                 f"{seams.file_tail(self.launcher_log)}",
                 not_ready or ["head_server"],
             )
-        config = head.config()
+        gym_config = head.config()
         self.servers = tuple(servers)  # before the checks below: a shutdown after them still knows the servers
-        self._adopt(config, servers, str(list(spec.all_config_paths)))
+        self.connection = GymConnection.adopt(
+            self.loop,
+            gym_config,
+            servers,
+            str(self.config_paths),
+            policy=self.policy,
+            timeouts=self.config.timeouts,
+            check_gym=self._check_gym,
+            connector_limits=self.overrides,
+        )
         tree.refresh()
 
     def _raise_launcher_died(self, code: int, when: str) -> None:
@@ -291,13 +314,13 @@ class GymRuntime(GymConnection):
 
     def health(self, http_timeout_s: float | None = None) -> HealthReport:
         """Process liveness of every server and the launcher (and, with `http_timeout_s`, HTTP answers)."""
-        if self._stopped:
+        if self._stop.claimed:
             return HealthReport(tuple(ServerHealth(s.name, False, "runtime shut down") for s in self.servers))
         return server_health(self.servers, self._tree, http_timeout_s)
 
     def check_health(self, http_timeout_s: float | None = None) -> None:
         """Raise `GymServerDied` naming every dead server; cheap enough to call every few seconds."""
-        if self._stopped:
+        if self._stop.claimed:
             raise GymServerDied("NeMo Gym runtime is shut down", [s.name for s in self.servers])
         check_server_health(self.health(http_timeout_s), self._log_tail)
 
@@ -316,21 +339,24 @@ class GymRuntime(GymConnection):
         The processes go first: nothing after them (closing the HTTP session, which touches the event loop) can
         keep a server alive.
         """
-        if not self._claim_stop():
+        if not self._stop.claim():
             return
+        if self.connection is not None:
+            self.connection.closed = True  # no batch starts from here on; the session is closed last
         try:
             try:
                 if self._tree is not None:
-                    self.survivors = self._tree.terminate_all(self.spec.shutdown_grace_s)
+                    self.survivors = self._tree.terminate_all(self.config.timeouts.shutdown_grace_s)
             finally:
                 if self._watchdog is not None:
                     self._watchdog.release(wait_s=5.0)  # after our own stop: it finds nothing left to kill
                 if self.survivors:
                     logger.error("NeMo Gym processes survived SIGKILL: %s", self.survivors)
                 self._remove_run_dir()
-            self._close_session()
+            if self.connection is not None:
+                self.connection.close()
         finally:
-            self._forget()
+            exit_hooks.forget(self)
 
     def kill_now(self) -> None:
         """SIGKILL every process started, without waiting or touching the event loop; for a SIGTERM of this process.
@@ -340,7 +366,7 @@ class GymRuntime(GymConnection):
         cut short, and the servers hold nothing worth a graceful exit (environment state lives per episode).
         Idempotent; later `shutdown()` calls do nothing.
         """
-        if not self._claim_stop():
+        if not self._stop.claim():
             return
         try:
             if self._tree is not None:
@@ -351,13 +377,15 @@ class GymRuntime(GymConnection):
                 # milliseconds, so waiting for it keeps a caller that checks for survivors right after this process
                 # exits from seeing it.
                 self._watchdog.release(wait_s=1.0)
-            self._forget()
+            if self.connection is not None:
+                self.connection.closed = True  # no batch after this; the session is not touched in a signal handler
+            exit_hooks.forget(self)
 
     def _remove_run_dir(self) -> None:
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def __enter__(self) -> GymRuntime:
+    def __enter__(self) -> OwnedGym:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

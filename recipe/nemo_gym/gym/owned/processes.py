@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The processes a runtime started, how they are stopped, and the process-wide hooks that stop them at exit.
+"""The processes a started NeMo Gym runs as, and how they are stopped.
 
 Contract:
 - `ProcessTree` holds NeMo Gym's launcher (a child of this process, started in a session of its own) and
@@ -8,26 +8,21 @@ Contract:
   `terminate_all(grace_s)` sends the launcher's process group SIGINT (Gym's own shutdown: it interrupts every
   server and stops its Ray), SIGKILLs whatever is left after a bounded grace, and reaps the launcher;
   `kill_all()` sends SIGKILL to every process at once and waits for nothing.
-- `LIVE` holds every runtime not yet stopped. `install_exit_hooks()` (once per process) stops them at
-  interpreter exit (`shutdown()`) and on SIGTERM (`kill_now()`), then chains the SIGTERM handler already
-  installed. Neither hook starts a thread or prints.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import os
 import signal
 import subprocess
 import threading
 import time
-from typing import Any, Protocol
 
 import psutil
 
-from recipe.nemo_gym.gym.watchdog import session_members
+from recipe.nemo_gym.gym.owned.watchdog import session_members
+from recipe.nemo_gym.process_group import signal_group
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +75,7 @@ class ProcessTree:
 
     def kill_all(self) -> None:
         """SIGKILL every process, waiting for nothing."""
-        with contextlib.suppress(OSError):
-            os.killpg(self.sid, signal.SIGKILL)
+        signal_group(self.sid, signal.SIGKILL)
         for proc in self.live():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
@@ -91,8 +85,7 @@ class ProcessTree:
         survived SIGKILL."""
         procs = self.live()
         if self.launcher_exit_code() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.sid, signal.SIGINT)
+            signal_group(self.sid, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_alive(p) for p in procs + self.live()):
             time.sleep(0.1)
@@ -104,70 +97,3 @@ class ProcessTree:
         with contextlib.suppress(Exception):
             self.launcher.wait(timeout=1.0)  # reap the launcher (our child) so no zombie stays
         return tuple(p.pid for p in alive if _alive(p))
-
-
-# ------------------------------------------------------------------------------------ process-wide hooks
-
-
-class Stoppable(Protocol):
-    def shutdown(self) -> None: ...
-
-    def kill_now(self) -> None: ...
-
-
-LIVE: set[Any] = set()
-LIVE_LOCK = threading.RLock()
-_HOOKS_INSTALLED = False
-
-
-def _live() -> list[Stoppable]:
-    with LIVE_LOCK:
-        return list(LIVE)
-
-
-def _shutdown_all_live() -> None:
-    """atexit: stop every live runtime (a trainer that never called `shutdown()`, as verl's never does)."""
-    for runtime in _live():
-        try:
-            runtime.shutdown()
-        except Exception:  # at exit: stop the others regardless
-            logger.exception("NeMo Gym runtime shutdown failed")
-
-
-def _kill_all_live() -> None:
-    """On SIGTERM: SIGKILL every live runtime's processes at once (see `GymRuntime.kill_now`)."""
-    for runtime in _live():
-        with contextlib.suppress(Exception):  # in a signal handler: nothing may keep the others alive
-            runtime.kill_now()
-
-
-def install_exit_hooks() -> None:
-    """Once per process: stop live runtimes at interpreter exit and on SIGTERM, chaining the existing handler.
-
-    Where each runs (checked with verl 0.9.1 and Ray 2.60): a trainer script that returns runs atexit. verl's
-    TaskRunner is a Ray actor that nothing terminates: when `main_ppo`'s driver returns and exits, Ray sends the
-    actor SIGTERM, runs its Python handler, and SIGKILLs it about 0.1 s later, so atexit never runs there and the
-    SIGTERM hook must finish in that time: it only sends SIGKILL.
-    """
-    global _HOOKS_INSTALLED
-    with LIVE_LOCK:
-        if _HOOKS_INSTALLED:
-            return
-        _HOOKS_INSTALLED = True
-    atexit.register(_shutdown_all_live)
-    if threading.current_thread() is not threading.main_thread():
-        logger.warning("NeMo Gym runtime started off the main thread: no SIGTERM hook (atexit still stops it)")
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _on_sigterm(signum: int, frame: Any) -> None:
-        _kill_all_live()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:  # SIG_DFL, or a handler installed outside Python: terminate the way SIGTERM would have
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, _on_sigterm)

@@ -7,7 +7,7 @@ Contract:
   `EpisodeFailure` that `post_run` decided (`client.make_post_run`, with the causes of `outcomes.py`). A dead NeMo Gym
   server, an unreachable policy server (the health check raises) or an expired deadline cancels every pending
   request and raises `RolloutAborted` naming the servers or the pending rows.
-- It runs on the caller's event loop and enters none itself; `GymRuntime.collect` awaits it on the loop the
+- It runs on the caller's event loop and enters none itself; `GymConnection.collect` awaits it on the loop the
   agent loop manager runs it on.
 
 Rows are posted one by one, each task keeping its row's index, and each to the server Gym's own collector would
@@ -15,7 +15,7 @@ post it to (`client.run_targets`): the trainer imports no NeMo Gym code. Nothing
 model server retries a policy server that does not answer every 0.5 s forever, 0.4.0 to 0.7.0), hence the
 batch deadline and the health checks while a batch waits. After an abort, Gym's model server may go on retrying
 a dead policy server for requests nobody waits for any more; those loops end with Gym's servers
-(`GymRuntime.shutdown`).
+(`OwnedGym.shutdown`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def validate_examples(
 
     The one check of a row's `agent_ref.name` against the agents NeMo Gym started: the manager runs it on verl's
     rows before it builds a request (`labels` then name the batch row and dataset index, `config` the plugin
-    YAML), and `GymRuntime.collect` on whatever it is given. Nothing has been sent when it raises.
+    YAML), and `GymConnection.collect` on whatever it is given. Nothing has been sent when it raises.
     """
     agents, bad = [], []
     for i, row in enumerate(examples):

@@ -34,14 +34,14 @@ SERVER_TYPES = ("responses_api_models", "resources_servers", "responses_api_agen
 def nemo_gym_install_root(environment: str | os.PathLike | None = None) -> Path:
     """Gym's `PARENT_DIR` (the folder holding `nemo_gym/`, `resources_servers/`, ...) in the Gym environment
     `environment` names (`environment.locate_environment`'s rule: the YAML's value, `$NEMO_GYM_ENV`, default)."""
-    from recipe.nemo_gym.gym.environment import locate_environment
+    from recipe.nemo_gym.gym.owned.environment import locate_environment
 
     return _install_root(locate_environment(environment))
 
 
 @functools.lru_cache(maxsize=8)
 def _install_root(python: Path) -> Path:
-    from recipe.nemo_gym.gym.environment import inspect_environment
+    from recipe.nemo_gym.gym.owned.environment import inspect_environment
 
     return inspect_environment(python).install_root
 

@@ -6,10 +6,10 @@ Contract:
   `instances()` from `GET /server_instances` (every server's name, type, URL and the pid of its process),
   `config()` from `GET /global_config_dict_yaml` (the whole parsed configuration, a YAML string sent as JSON).
   Network faults raise `OSError`.
-- `instances_from_json` and `run_targets` are pure. `run_targets(config, instances)` maps each agent to the URL
-  its rows are posted to: the one environment server in front of it where the configuration has one (Gym 0.7
-  generates a `legacy_agent` relay for every agent a config leaves without one), else the agent itself
-  (0.4). Rows go where Gym's own collector would send them.
+- `ServerInstance` is one server the head server lists. `instances_from_json` and `run_targets` are pure.
+  `run_targets(config, instances)` maps each agent to the URL its rows are posted to: the one environment server
+  in front of it where the configuration has one (Gym 0.7 generates a `legacy_agent` relay for every agent a
+  config leaves without one), else the agent itself (0.4). Rows go where Gym's own collector would send them.
 - `make_post_run(session, targets)` posts one row (with the row indices Gym's collector would add) to its target's
   `/run` on an aiohttp session the caller owns and returns the agent's result or the row's `EpisodeFailure`
   (`outcomes.py` decides the cause): an HTTP error status, a body that is not a JSON object, a failure Gym reported on
@@ -32,14 +32,14 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
-from recipe.nemo_gym.gym.outcomes import (
+from recipe.nemo_gym.gym.over_http.outcomes import (
     context_overflow_failure,
     missing_verdict_failure,
     reported_failure,
     server_error_failure,
 )
-from recipe.nemo_gym.gym.spec import AGENT_SERVER_TYPE, ServerInstance
 
+AGENT_SERVER_TYPE = "responses_api_agents"
 ENVIRONMENT_SERVER_TYPE = "environment_servers"
 # The row indices Gym's own collector stamps on each row before `/run` (0.7.0 `global_config.py`); 0.7's
 # environment servers that run the episode themselves (`single_agent_turn_legacy`) require them. A row's batch
@@ -57,6 +57,29 @@ def server_root(base_url: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------- pure parsing
+
+
+@dataclass(frozen=True)
+class ServerInstance:
+    """One server of a running NeMo Gym, as its head server lists it: `name` is its top-level config key (e.g.
+    `policy_model`)."""
+
+    name: str
+    server_type: str
+    implementation: str
+    host: str | None
+    port: int | None
+    pid: int | None = None
+    """The process Gym started it as (its wrapper shell), from the head server's `/server_instances`."""
+
+    @property
+    def server_dir(self) -> tuple[str, str]:
+        """`(<type>, <implementation>)`: the folder NeMo Gym runs it from and keys its venv by."""
+        return (self.server_type, self.implementation)
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{self.host}:{self.port}" if self.host and self.port else None
 
 
 def instances_from_json(items: Iterable[Mapping[str, Any]]) -> list[ServerInstance]:

@@ -1,16 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Liveness of NeMo Gym's servers (by process, HTTP on request) and of the policy servers (by HTTP).
+"""Liveness over HTTP: of a running NeMo Gym's servers, whoever started them, and of verl's policy servers.
 
 Contract:
-- `server_health(servers, tree, http_timeout_s)` is cheap (process liveness; HTTP only with a timeout) and
-  names each dead server and why, the launcher included; `check_server_health` raises `GymServerDied` naming
-  every dead server.
+- `wait_until_answering(head, deadline, ...)` polls a head server until every server it lists answers HTTP.
+- `FailureStreaks` counts consecutive failed probes per server; any answer resets a count. Two watches use it,
+  each for one batch: `RemoteServerWatch` (Gym's servers, `GET /`; an attached Gym, whose processes run
+  elsewhere) raises `GymServerDied`, and `PolicyWatch` (verl's servers) raises `PolicyServerUnreachable`, once a
+  server has failed `limit` probes in a row. Process liveness of a Gym the plugin started is `owned/liveness.py`.
 - A policy server is alive when it answers `GET <root>/health` with any HTTP status within the probe's timeout
   (`probe_policy_server`, which never raises for a network fault). What makes NeMo Gym 0.4.0 hang is a policy
   server that does not answer at all: its model server retries connection errors every 0.5 s forever. An
   answering server's errors reach the rows as HTTP errors instead. The policy servers are not NeMo Gym
   processes (verl runs them), so they are probed over HTTP, not by process.
-- `PolicyWatch` raises `PolicyServerUnreachable` once a server has failed `max_failures` probes in a row.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
-from recipe.nemo_gym.gym.client import HeadClient, get_json, server_root
 from recipe.nemo_gym.gym.errors import GymServerDied, PolicyServerUnreachable
-from recipe.nemo_gym.gym.processes import ProcessTree, exit_description
-from recipe.nemo_gym.gym.spec import ServerInstance
+from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance, get_json, server_root
 
 
 def http_alive(host: str, port: int, timeout_s: float) -> bool:
@@ -58,68 +55,6 @@ def wait_until_answering(
         if time.monotonic() > deadline:
             return servers, [s.name for s in servers if not (s.host and http_alive(s.host, s.port, 1.0))]
         time.sleep(poll_s)
-
-
-# ------------------------------------------------------------------------------------ NeMo Gym's servers
-
-
-@dataclass(frozen=True)
-class ServerHealth:
-    name: str
-    alive: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class HealthReport:
-    servers: tuple[ServerHealth, ...]
-
-    @property
-    def dead(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.servers if not s.alive)
-
-    @property
-    def ok(self) -> bool:
-        return not self.dead
-
-
-LAUNCHER = "launcher"
-"""The name a health report gives NeMo Gym's launcher process (it runs the head server)."""
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def server_health(
-    servers: Sequence[ServerInstance], tree: ProcessTree | None, http_timeout_s: float | None = None
-) -> HealthReport:
-    """Process liveness of every server and of the launcher (and, with `http_timeout_s`, whether each server
-    answers HTTP). A server's process is the one Gym reported for it (`ServerInstance.pid`)."""
-    report = []
-    for server in servers:
-        if server.pid is not None and not pid_alive(server.pid):
-            report.append(ServerHealth(server.name, False, f"process {server.pid} is gone"))
-        elif http_timeout_s is not None and server.host and not http_alive(server.host, server.port, http_timeout_s):
-            report.append(ServerHealth(server.name, False, f"no HTTP answer at {server.url}"))
-        else:
-            report.append(ServerHealth(server.name, True, "running"))
-    if tree is not None:
-        code = tree.launcher_exit_code()
-        if code is not None:
-            report.append(ServerHealth(LAUNCHER, False, f"NeMo Gym's launcher {exit_description(code)}"))
-    return HealthReport(tuple(report))
-
-
-def check_server_health(report: HealthReport, tail: Callable[[str], str] = lambda name: "") -> None:
-    """Raise `GymServerDied` naming every dead server of `report`, then `tail(name)` of the first (its log)."""
-    if report.ok:
-        return
-    lines = [f"NeMo Gym server {s.name!r}: {s.detail}." for s in report.servers if not s.alive]
-    raise GymServerDied("\n".join(lines) + tail(report.dead[0]), report.dead)
 
 
 # --------------------------------------------------------------------------------------- policy servers
@@ -195,6 +130,37 @@ class FailureStreaks:
 
     def failing_for(self, key: str, now: float) -> float:
         return now - self._since.get(key, now)
+
+
+class RemoteServerWatch:
+    """Consecutive unanswered `GET /` probes per Gym server, for one batch (`FailureStreaks`); `max_failures` in a
+    row raise `GymServerDied` naming the server, its URL and the last reason. An answer resets the count."""
+
+    def __init__(self, servers: Sequence[ServerInstance], timeout_s: float, max_failures: int):
+        self.servers = [s for s in servers if s.url]
+        self.timeout_s = timeout_s
+        self.streaks = FailureStreaks([s.name for s in self.servers], max_failures)
+
+    @property
+    def failures(self) -> dict[str, int]:
+        return self.streaks.counts
+
+    def record(self, results: Sequence[tuple[ServerInstance, bool, str]]) -> None:
+        last = {server.name: (server, detail) for server, _, detail in results}
+        for server, alive, _ in results:
+            self.streaks.record(server.name, alive, 0.0)
+        names = [name for name in self.streaks.over_limit() if name in last]
+        if names:
+            dead = [
+                f"NeMo Gym server {name!r} at {last[name][0].url} did not answer {self.streaks.counts[name]} "
+                f"health checks in a row (last: {last[name][1]})"
+                for name in names
+            ]
+            raise GymServerDied("\n".join(dead) + " (the attached Gym runs elsewhere: see its own logs)", names)
+
+    async def check(self) -> None:
+        answers = await asyncio.gather(*(probe_http(f"{s.url}/", self.timeout_s) for s in self.servers))
+        self.record([(s, alive, detail) for s, (alive, detail) in zip(self.servers, answers, strict=True)])
 
 
 class PolicyWatch:

@@ -88,8 +88,8 @@ def check_supported(version: str, where: str = "the NeMo Gym environment") -> No
 
 
 def default_environment_dir() -> Path:
-    """`<repository>/.venv-gym`, where `./setup.sh` builds Gym's environment (this file is recipe/nemo_gym/gym/)."""
-    return Path(__file__).resolve().parents[3] / DEFAULT_ENV_DIR_NAME
+    """`<repository>/.venv-gym`, where `./setup.sh` builds Gym's environment (this file: recipe/nemo_gym/gym/owned/)."""
+    return Path(__file__).resolve().parents[4] / DEFAULT_ENV_DIR_NAME
 
 
 def locate_environment(configured: str | os.PathLike | None) -> Path:
@@ -175,7 +175,7 @@ def launcher_argv(env: GymEnvironment, config_paths: Sequence[str]) -> list[str]
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -m recipe.nemo_gym.gym.environment [PATH]`: which Gym the environment holds, or why it cannot run.
+    """`python -m recipe.nemo_gym.gym.owned.environment [PATH]`: which Gym the environment holds, or why it cannot run.
 
     The submit scripts run it before a job starts (PATH: `$NEMO_GYM_ENV`, else the default environment)."""
     if argv:

@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`GymConnection`: a running NeMo Gym seen over HTTP, whoever started it: its servers, where each agent's rows go,
+and `collect`, which runs a batch. `PolicyServers`: verl's policy servers, which Gym's model server calls.
+
+Contract:
+- The Gym the plugin starts (`owned/launch.py`) and the one it attaches to (`attach.py`) each hold a
+  `GymConnection`, built by `GymConnection.adopt` from the head server's configuration and server list: it refuses
+  a configuration whose rows could not be run or scored (`GymConfigError`: several environment servers in front
+  of one agent, an agent its resources server does not accept) and maps each agent to its `/run` target
+  (`client.run_targets`). What differs between the two is handed in, not overridden: `check_gym`, the health check
+  of Gym's servers made while a batch waits (by process for an owned Gym, by HTTP for an attached one), and
+  `not_before`, the earliest time a row may be posted (an attached Gym's model server must first have read the
+  policy address).
+- `loop` is the caller's `BackgroundLoop`, borrowed: the aiohttp session rows are posted on is made on it at the
+  first `collect`, every `collect` must be awaited on it (anything else raises `RuntimeError` before a request
+  goes out), and `close()` closes the session there (skipped once the loop is closed). Once `closed` is set (by
+  `close()`, or by the owning Gym as its stop begins), `collect` raises `RolloutAborted`.
+- While a batch waits, `collect` runs `check_gym` and probes verl's policy servers (`health.PolicyWatch`:
+  `timeouts.policy_health_failures` consecutive probes without an answer abort the batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recipe.nemo_gym.config import Timeouts
+from recipe.nemo_gym.event_loop import BackgroundLoop
+from recipe.nemo_gym.failures import RolloutAborted
+from recipe.nemo_gym.gym.errors import GymConfigError
+from recipe.nemo_gym.gym.over_http.client import (
+    AGENT_SERVER_TYPE,
+    RunTarget,
+    ServerInstance,
+    make_post_run,
+    pairing_problems,
+    run_targets,
+)
+from recipe.nemo_gym.gym.over_http.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.over_http.health import PolicyWatch
+from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
+
+
+@dataclass(frozen=True)
+class PolicyServers:
+    """verl's policy servers, known only once the trainer runs: their OpenAI base URLs and the model they serve."""
+
+    base_urls: tuple[str, ...]
+    model_name: str
+
+    def __post_init__(self) -> None:
+        urls = (self.base_urls,) if isinstance(self.base_urls, str) else tuple(str(u) for u in self.base_urls)
+        object.__setattr__(self, "base_urls", urls)
+        if not urls:
+            raise GymConfigError("no policy server: give the base URLs of verl's vLLM servers")
+        bad = [url for url in urls if not url.startswith(("http://", "https://"))]
+        if bad:
+            raise GymConfigError(f"policy server base URLs {bad} are not http(s) URLs")
+        if not self.model_name:
+            raise GymConfigError("the policy servers' model name is empty")
+
+
+class GymConnection:
+    """A running NeMo Gym over HTTP. Build with `GymConnection.adopt(...)`; see the module docstring."""
+
+    def __init__(
+        self,
+        loop: BackgroundLoop,
+        servers: Sequence[ServerInstance],
+        targets: Mapping[str, RunTarget],
+        *,
+        policy: PolicyServers,
+        timeouts: Timeouts,
+        check_gym: Callable[[], Awaitable[None]],
+        connector_limits: Mapping[str, Any],
+        not_before: float = 0.0,
+    ):
+        self.loop = loop  # borrowed: the caller created it and closes it, after `close()`
+        self.servers = tuple(servers)
+        self.targets = dict(targets)
+        self.policy = policy
+        self._timeouts = timeouts
+        self._check_gym = check_gym
+        self._connector_limits = dict(connector_limits)
+        self.not_before = not_before  # monotonic time; rows wait for it (see the module docstring)
+        self._session: Any = None
+        self.closed = False
+
+    @classmethod
+    def adopt(
+        cls,
+        loop: BackgroundLoop,
+        config: Mapping[str, Any],
+        servers: Sequence[ServerInstance],
+        what: str,
+        **kwargs: Any,
+    ) -> GymConnection:
+        """The connection to the Gym whose head server sent `config` and `servers`; `what` names that Gym's
+        configuration in errors (its files, or its URL). `kwargs` are the constructor's keywords."""
+        try:
+            targets = run_targets(config, servers)
+        except ValueError as e:
+            raise GymConfigError(f"NeMo Gym configuration {what}: {e}") from None
+        mismatched = pairing_problems(config)
+        if mismatched:
+            raise GymConfigError(
+                f"NeMo Gym configuration {what}: rows would be scored by a resources server that does not accept "
+                "the agent running them: " + "; ".join(mismatched) + ". Use an agent of an accepted type, or set "
+                "allow_unsupported_pairing: true in Gym's configuration (Gym's own waiver; in "
+                "nemo_gym.config_overrides when the plugin starts Gym)"
+            )
+        return cls(loop, servers, targets, **kwargs)
+
+    @property
+    def agent_names(self) -> frozenset[str]:
+        """The agent servers rows can name in `agent_ref.name`."""
+        return frozenset(s.name for s in self.servers if s.server_type == AGENT_SERVER_TYPE)
+
+    async def collect(
+        self,
+        examples: Sequence[Mapping[str, Any]],
+        deadline_s: float,
+        health_check_interval_s: float,
+        *,
+        retries: int = 0,
+        retry_delay_s: float = 0.0,
+        attempts: list[int] | None = None,
+    ) -> list[RowOutcome]:
+        """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
+
+        The times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
+        the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
+        `attempts` receives each row's number of runs: see `collect.run_examples_in_order`)."""
+        if self.closed:
+            raise RolloutAborted("NeMo Gym is shut down: no batch can run")
+        if asyncio.get_running_loop() is not self.loop.loop:
+            raise RuntimeError(
+                f"GymConnection.collect must run on the loop it was given ({self.loop.name!r}): its HTTP session is "
+                "bound to it; await it there, e.g. `await connection.loop.arun(...)`"
+            )
+        validate_examples(examples, self.agent_names)
+        wait = self.not_before - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if self._session is None:
+            self._session = client_session(self._connector_limits)
+        timeouts = self._timeouts
+        watch = PolicyWatch(self.policy.base_urls, timeouts.policy_health_timeout_s, timeouts.policy_health_failures)
+
+        async def health() -> None:
+            await self._check_gym()
+            # Gym's model server retries a policy server that does not answer forever: watch those too.
+            await watch.check()
+
+        return await run_examples_in_order(
+            examples,
+            post_run=make_post_run(self._session, self.targets),
+            deadline_s=deadline_s,
+            health_check=health,
+            health_check_interval_s=health_check_interval_s,
+            progress=ProgressLine(waiting_on=watch.waiting_on),
+            retries=retries,
+            retry_delay_s=retry_delay_s,
+            attempts=attempts,
+        )
+
+    def close(self) -> None:
+        """No batch after this; the HTTP session is closed on the loop (if it still runs). Idempotent."""
+        self.closed = True
+        session, self._session = self._session, None
+        if session is None or self.loop.closed:
+            return
+
+        async def _close() -> None:
+            await session.close()
+
+        with contextlib.suppress(Exception):
+            self.loop.run(_close(), timeout=5.0, what="closing the NeMo Gym HTTP session")
+
+
+def client_session(overrides: Mapping[str, Any]) -> Any:
+    """The aiohttp session rows are posted on, its connection limits those handed to Gym's own clients (the limit
+    keys of Gym's global config in `overrides`; aiohttp's defaults where they are absent)."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(
+        limit=int(overrides.get(LIMIT_KEY, 100)), limit_per_host=int(overrides.get(LIMIT_PER_HOST_KEY, 0))
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
