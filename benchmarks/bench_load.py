@@ -447,7 +447,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             orchestration_cpu_s = sum(row["cpu_s"] for row in sampler.report() if row["name"] != POLICY_SERVER)
             expected = [expected_reward(args.env, row) for row in rows[: args.episodes]]
-            connector = runtime._session.connector  # noqa: SLF001 - the client the rows were posted on
+            connector = runtime.connection._session.connector  # noqa: SLF001 - the client the rows were posted on
             report.update(
                 {
                     "batch_wall_s": wall,

@@ -5,8 +5,8 @@ Contract (pure, but for `cache_root`, which reads the environment):
 - `gym_overrides(section, limits)` is the part of Gym's global config that comes from the plugin YAML:
   `uses_reasoning_parser` applied to the `policy_model` server when it is NeMo Gym's `vllm_model`, the user's
   `nemo_gym.config_overrides` merged over it the way Gym merges its configs (OmegaConf), and the HTTP connection
-  limits (`limits.ConnectionLimits`) under both. The config model refuses overrides of the keys below
-  (`config.PLUGIN_SET_GYM_KEYS`).
+  limits (`limits.ConnectionLimits`) under both. The config model refuses overrides of the keys
+  `global_config` sets (`config.PLUGIN_SET_GYM_KEYS`).
 - `global_config(section, policy, overrides, venv_dir, uv_cache_dir, log_dir)` is the file Gym reads last, so its
   keys win over the environments' configs: the overrides, then what only the plugin knows (verl's policy servers,
   the head server, the venv layout, the log folder).
