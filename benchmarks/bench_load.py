@@ -60,9 +60,9 @@ from recipe.nemo_gym.limits import (
     NEMO_GYM_DEFAULT_LIMIT,
     NEMO_GYM_DEFAULT_LIMIT_PER_HOST,
 )
+from recipe.nemo_gym_testing.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
 GYM_ENVS = Path(__file__).resolve().parents[1] / "tests" / "cpu" / "gym_envs"
-MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 EMFILE_TEXT = "Too many open files"
 POLICY_SERVER = "policy_server"  # the name its row has in the report
 

@@ -163,7 +163,6 @@ class AttachedGym:
         self.relay_host = self.settings.relay_host or relay_host
         self.head_server_url = self.settings.head_server_url.rstrip("/")
         self.connection: GymConnection | None = None
-        self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None
         self.handover: PolicyHandover | None = None
         self.published_url: str | None = None
@@ -204,7 +203,6 @@ class AttachedGym:
                 "(its model server's endpoint_file). Run Gym 0.7, or let the plugin start Gym (remove nemo_gym.attach)"
             )
         gym_config = head.config()
-        self.servers = tuple(servers)
         watch = RemoteServerWatch(servers, self.timeouts.policy_health_timeout_s, self.timeouts.policy_health_failures)
         self.connection = GymConnection.adopt(
             self.loop,
@@ -235,7 +233,7 @@ class AttachedGym:
         relay = f" through a relay to {list(urls)}" if self.relay else ""
         logger.warning(
             "Attached to NeMo Gym at %s (%d servers); policy %s published in %s%s",
-            self.head_server_url, len(self.servers), url, self.handover.endpoint_file, relay,
+            self.head_server_url, len(servers), url, self.handover.endpoint_file, relay,
         )  # fmt: skip
 
     def _wait_until_answering(self, head: HeadClient, deadline: float) -> list[ServerInstance]:
