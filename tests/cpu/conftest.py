@@ -297,7 +297,9 @@ def _no_idle_engine_beside_a_heavy_module(request):
 def plugin_caplog(caplog):
     """pytest's `caplog` for the plugin's loggers. Once a manager is built they write to stderr themselves and stop
     propagating to the root logger (`agent_loop.configure_plugin_logging`), where `caplog` listens; for the test
-    they propagate again."""
+    they propagate again. Its level and that of caplog's handler are set as well: vLLM's API server import sets
+    the root logger's handlers to ERROR (see `configure_plugin_logging`), pytest's capture handlers included,
+    which live for the whole session; after a module that imports it, WARNING records were dropped."""
     import logging
 
     from recipe.nemo_gym.agent_loop import PLUGIN_LOGGER
@@ -305,6 +307,7 @@ def plugin_caplog(caplog):
     plugin = logging.getLogger(PLUGIN_LOGGER)
     saved = plugin.propagate
     plugin.propagate = True
+    caplog.set_level(logging.INFO, logger=PLUGIN_LOGGER)  # caplog restores the level after the test
     try:
         yield caplog
     finally:
