@@ -15,7 +15,7 @@
 #
 # vLLM comes in one of two builds of the same release (pyproject's `gpu` and `cpu` extras, never both):
 # NG_VLLM_BUILD=gpu|cpu chooses; unset, it is `gpu` where `nvidia-smi -L` lists a GPU and `cpu` elsewhere. The
-# submit scripts refuse a job whose TRAINING_BACKEND does not match the build this environment holds.
+# launcher refuses a job whose backend does not match the build this environment holds.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 

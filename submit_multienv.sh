@@ -1,27 +1,18 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Train with verl on a blend of NeMo Gym environments (math_with_judge and workplace_assistant): each JSONL
-# row names its environment in agent_ref.name; GRPO, vLLM rollouts, FSDP or Megatron (STRATEGY in config.env).
+# Train with verl on a blend of NeMo Gym's math and workplace-assistant environments: GRPO, vLLM rollouts,
+# FSDP or Megatron. The job is jobs/multienv.yaml (JOB=<file> runs another); copy it and fill in your paths.
 #
-#   sbatch --nodes=<NNODES> --gpus-per-node=<GPUS_PER_NODE> submit_multienv.sh [extra verl overrides...]
-#   ./submit_multienv.sh [extra verl overrides...]        # one machine, no Slurm
-#   DRY_RUN=1 ./submit_multienv.sh                        # print the trainer's argument list, start nothing
-#
-# Settings come from config.env (CONFIG_ENV=<file> to use another; see config.env.example).
+#   sbatch --nodes=<N> --gpus-per-node=<G> submit_multienv.sh [--set key=value]... [extra verl overrides...]
+#   ./submit_multienv.sh ...                  # one machine, no Slurm
+#   DRY_RUN=1 ./submit_multienv.sh            # print the trainer's argument list, start nothing
+#   CONTAINER_IMAGE=<image> sbatch ...     # Ray and the trainer in a container on every node (pyxis/enroot)
 #SBATCH --job-name=nemo-gym-multienv
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
 set -euo pipefail
-
-# The repository root: REPO_DIR if set, else this script's folder, else (sbatch runs a spool copy of the
-# script) the folder sbatch was called from.
-if [[ -z "${REPO_DIR:-}" ]]; then
-    REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-    [[ -f "$REPO_DIR/scripts_common.sh" ]] || REPO_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
-fi
-[[ -f "$REPO_DIR/scripts_common.sh" ]] || { echo "submit: ERROR: no scripts_common.sh in $REPO_DIR; set REPO_DIR" >&2; exit 1; }
-# shellcheck source=scripts_common.sh
-source "$REPO_DIR/scripts_common.sh"
-ng_check_repo
-ng_load_config
-ng_main "$REPO_DIR/recipe/nemo_gym/configs/multienv.yaml" MULTIENV_TRAIN_FILES MULTIENV_VAL_FILES multienv "$@"
+# The repository: REPO_DIR, else this script's folder, else (sbatch runs a spool copy) where sbatch was called.
+REPO_DIR=${REPO_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
+[[ -f "$REPO_DIR/ray_on_slurm.sh" ]] || REPO_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+export REPO_DIR
+exec "$REPO_DIR/ray_on_slurm.sh" "${JOB:-$REPO_DIR/jobs/multienv.yaml}" "$@"

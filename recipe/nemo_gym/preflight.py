@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks of the job's Python environment that must pass before Ray starts: Megatron's modules.
 
-verl 0.9.1's Megatron engine (`model_engine=megatron`, `STRATEGY=megatron` in the submit scripts) imports, inside
+verl 0.9.1's Megatron engine (`model_engine=megatron`, `training.strategy: megatron` in a job) imports, inside
 its Ray workers, minutes into a job:
 - by default (`use_mbridge=true`, `vanilla_mbridge=false`): Megatron-Core and Megatron-Bridge
   (`verl/models/mcore/bridge.py`), which imports Transformer Engine unconditionally;
@@ -38,12 +38,13 @@ VANILLA_MBRIDGE_PATH = (
 FIX = """\
 Ways to get them:
   - run the job in a container that ships them: verl's Megatron images or NVIDIA's NeMo container (their Python
-    has Megatron-Core, Megatron-Bridge and Transformer Engine built for its CUDA); point the submit script's
-    config.env VENV at that Python, or install this repository's lock into it;
+    has Megatron-Core, Megatron-Bridge and Transformer Engine built for its CUDA): CONTAINER_IMAGE=<image> for the
+    submit scripts, with PYTHON=<its python> if it is not the image's `python`, or install this repository's lock
+    into it;
   - or install them into this environment on a GPU node: megatron-bridge==0.5.2 with a Transformer Engine built for
     your CUDA and torch 2.11.0 (see verl's 0.9.1 'megatron' extra: megatron-core, megatron-bridge==0.5.2,
     transformer-engine, apex);
-  - or use STRATEGY=fsdp (model_engine=fsdp), which needs none of them.
+  - or use training.strategy: fsdp (model_engine=fsdp), which needs none of them.
 With vanilla_mbridge=true (deprecated in verl) the path needs Megatron-Core and mbridge instead."""
 
 

@@ -13,10 +13,8 @@ a batch that has no `rm_scores`, and hands their list to the manager, which igno
 NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers tools, which vLLM refuses
 (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the model's tool-call format
 (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
-The submit scripts read them from this module's command line (one per line), the CPU job runner and the test
-harness call the function, and a test checks that the README's command shows each of them.
-
-    python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml> [<tool call parser>|""]
+The launcher (`launch/compose.py`), the CPU job runner and the test harness call the function, and a test checks
+that the README's command shows each of them.
 
 Hydra keys that verl 0.9.1's config lacks carry `+`: the manager class exists only on the `AgentLoopConfig`
 dataclass, not in `rollout.yaml`. The dataset is named by module (`pkg://`), not by file path: verl's file
@@ -26,7 +24,6 @@ unpickle the dataset.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from recipe.nemo_gym.data_check import PLUGIN_CONFIG_KEY
@@ -65,19 +62,3 @@ def plugin_overrides(
         f"+data.{PLUGIN_CONFIG_KEY}={agent_loop_config_path}",
         *tools,
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2):
-        print(
-            'usage: python -m recipe.nemo_gym.verl_overrides <agent_loop_config.yaml> [<tool call parser>|""]',
-            file=sys.stderr,
-        )
-        return 2
-    print("\n".join(plugin_overrides(*args)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

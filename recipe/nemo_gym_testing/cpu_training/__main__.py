@@ -1,30 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`python -m recipe.nemo_gym_testing.cpu_training overrides|env|difference`: the CPU backend's settings.
-
-`overrides` prints one Hydra override per line (append them to `main_ppo`'s arguments; the caller starts Ray
-with `--num-gpus=1` and more `--num-cpus` than cores, and sets `RAY_ADDRESS`); `env` prints
-`KEY=VALUE` lines to export before Ray and the trainer start; `difference` prints both, commented, as the README
-lists them (everything a CPU job adds to the GPU command).
-"""
+"""`python -m recipe.nemo_gym_testing.cpu_training difference`: everything the CPU backend adds to a GPU job's
+command (its Hydra overrides and the environment of every process), commented, as the README lists it. The launcher
+imports the backend's `cpu_overrides` and `cpu_env` itself (`recipe/nemo_gym/launch/__main__.py`)."""
 
 from __future__ import annotations
 
 import sys
 
-from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference, cpu_env, cpu_overrides
+from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["overrides"]:
-        print("\n".join(cpu_overrides(start_ray=False)))
-        return 0
-    if argv == ["env"]:
-        print("\n".join(f"{key}={value}" for key, value in cpu_env().items()))
-        return 0
     if argv == ["difference"]:
         print(cpu_difference())
         return 0
-    print("usage: python -m recipe.nemo_gym_testing.cpu_training overrides|env|difference", file=sys.stderr)
+    print("usage: python -m recipe.nemo_gym_testing.cpu_training difference", file=sys.stderr)
     return 2
 
 

@@ -2,8 +2,9 @@
 """What selects the CPU training backend: Hydra overrides for `main_ppo` and the processes' environment.
 
 `cpu_overrides()` is appended to a user's normal `main_ppo` command line; `cpu_env()` is exported before verl
-starts (the trainer's Ray workers inherit it through the runtime env the overrides also set). Both are printed
-for shell scripts by `python -m recipe.nemo_gym_testing.cpu_training overrides|env`.
+starts (the trainer's Ray workers inherit it through the runtime env the overrides also set). The launcher
+(`backend: cpu` in a job) and the CPU job runner call both; `python -m recipe.nemo_gym_testing.cpu_training
+difference` prints them as the README lists them.
 
 Why each override (all checked against verl 0.9.1 on a 2-core machine without a GPU):
 - `trainer.device=cpu`, one "GPU" per node: verl's placement groups ask Ray for GPUs, so Ray is started with one

@@ -8,15 +8,16 @@ saying what is missing and how to install it; NG_SLURM_TESTS=skip turns that int
 - the harness: the cluster is private (own config, ports, munge key and socket), reaches idle, runs a batch job
   with a step, and stops without leaving a process behind;
 - `sbatch submit_multienv.sh` with DRY_RUN=1 (both backends): the trainer command printed from inside the job;
-- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu through the script's real Slurm + Ray path (srun,
-  `ray start --block`, join, supervision, teardown), with the backend module and the trainer replaced by stubs
-  that record what they were given: Ray's resources, the backend's environment in Ray workers, the empty
-  CUDA_VISIBLE_DEVICES unset, Ray's token authentication; the job COMPLETES, or FAILS with a failing trainer's
-  status, or is CANCELLED by scancel: each time nothing of it is left running;
-- `sbatch submit_multienv.sh` with TRAINING_BACKEND=cpu for real: verl's main_ppo trains step 1 through the
-  CPU backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; then the
-  math server is killed, and the job FAILS, its output ending with the cause that names that server, and leaves
-  no Ray, NeMo Gym or trainer process and nothing in /dev/shm or /tmp behind. (A job that COMPLETES is the stub
+- `sbatch submit_multienv.sh` with a `backend: cpu` job through the bootstrap's real Slurm + Ray path (srun,
+  `ray start --block`, the launcher waiting for the nodes, supervision, teardown), with the backend module and the
+  trainer replaced by stand-ins that record what they were given (`NG_CPU_BACKEND_MODULE`, `NG_TRAINER_MODULE`):
+  Ray's resources, the backend's environment in Ray workers, the empty CUDA_VISIBLE_DEVICES unset, Ray's token
+  authentication; the job COMPLETES, or FAILS with a failing trainer's status and its error last, or is CANCELLED by
+  scancel: each time nothing of it is left running;
+- `sbatch submit_multienv.sh` with a `backend: cpu` job for real: verl's main_ppo trains step 1 through the CPU
+  backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; then the math
+  server is killed, and the job FAILS, its output ending with the cause that names that server, and leaves no Ray,
+  NeMo Gym or trainer process and nothing in /dev/shm or /tmp behind. (A job that COMPLETES is the stand-in
   trainer's case above; a real main_ppo finishing is `test_main_ppo.py`'s.)
 """
 
@@ -27,7 +28,6 @@ import importlib.util
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -39,10 +39,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import TESTS_CPU, processes_with_env
+from recipe.nemo_gym_testing.helpers import TESTS_CPU, processes_with_env, set_keys
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +119,8 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 def submit_ray_job(cluster, tmp_path: Path, script: Path, *script_args: str, **kwargs):
     """`submit`, once more (with a warning) if Ray's head missed Ray's own start-up deadline."""
     record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)
-    if record.get("JobState") == "FAILED" and RAY_START_TIMEOUT in log and "exited before the Ray cluster" in log:
+    ray_died = "exited before it answered on" in log or "exited while the job ran" in log
+    if record.get("JobState") == "FAILED" and RAY_START_TIMEOUT in log and ray_died:
         job = record.get("JobId")
         warnings.warn(f"job {job}: `ray start` missed Ray's start-up deadline; submitting again", stacklevel=2)
         record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)
@@ -167,31 +169,33 @@ def ray_temp_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def write_config(tmp_path: Path, ray_temp_dir: str, **values: str) -> Path:
-    """config.env for submit_multienv.sh with data files that exist (empty unless written by the caller)."""
+def write_job(tmp_path: Path, ray_temp_dir: str, **keys) -> Path:
+    """A job for submit_multienv.sh (jobs/multienv.yaml's keys) with data files that exist (empty unless written by
+    the caller), this machine's free ports and short Ray folders; `keys` set more (`training__rollout_n=2`)."""
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     for name in ("train.jsonl", "val.jsonl"):
         (data / name).touch()
     ray_port, dashboard_port = slurm_cluster.free_ports(2)
-    settings = {
-        "MODEL_PATH": str(tmp_path / "model"),
-        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-        "MULTIENV_TRAIN_FILES": str(data / "train.jsonl"),
-        "MULTIENV_VAL_FILES": str(data / "val.jsonl"),
-        "VENV": str(VENV),
-        "NNODES": "1",
-        "GPUS_PER_NODE": "8",
-        "RAY_PORT": str(ray_port),
-        "RAY_DASHBOARD_PORT": str(dashboard_port),
-        "RAY_TEMP_DIR": ray_temp_dir,
-        "RAY_JOIN_TIMEOUT_S": "240",
-        "RAY_POLL_INTERVAL_S": "5",
-        "STOP_GRACE_S": "30",
-        **values,
+    job = {
+        "model": str(tmp_path / "model"),
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "environments": str(REPO / "recipe" / "nemo_gym" / "configs" / "multienv.yaml"),
+        "data": {"train_files": [str(data / "train.jsonl")], "val_files": [str(data / "val.jsonl")]},
+        "cluster": {
+            "nnodes": 1,
+            "gpus_per_node": 8,
+            "ray_port": ray_port,
+            "ray_dashboard_port": dashboard_port,
+            "ray_temp_dir": ray_temp_dir,
+            "ray_join_timeout_s": 240,
+            "ray_poll_interval_s": 5,
+            "stop_grace_s": 30,
+        },
     }
-    path = tmp_path / "config.env"
-    path.write_text("".join(f"{key}={shlex.quote(value)}\n" for key, value in settings.items()))
+    set_keys(job, **keys)
+    path = tmp_path / "multienv.yaml"
+    path.write_text(yaml.safe_dump(job))
     return path
 
 
@@ -271,15 +275,16 @@ def test_batch_job_with_a_step_completes(slurm, tmp_path):
 def test_dry_run_job_prints_the_trainer_command_from_inside_the_job(slurm, tmp_path, ray_temp_dir, backend):
     if backend == "cpu" and not CPU_BACKEND.exists():
         pytest.skip(f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree")
-    config = write_config(tmp_path, ray_temp_dir, TRAINING_BACKEND=backend)
-    record, log, left = submit(slurm, tmp_path, SUBMIT, timeout_s=120, CONFIG_ENV=str(config), DRY_RUN="1")
+    job = write_job(tmp_path, ray_temp_dir, backend=backend)
+    python = str(VENV / "bin" / "python")
+    record, log, left = submit(slurm, tmp_path, SUBMIT, timeout_s=120, JOB=str(job), DRY_RUN="1", PYTHON=python)
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", job_failure(record, log, slurm)
     lines = log.splitlines()
-    start = lines.index(str(VENV / "bin" / "python"))
+    start = lines.index(python)
     assert lines[start + 1 : start + 3] == ["-m", "verl.trainer.main_ppo"]
     overrides = lines[start + 3 :]
     assert f"trainer.default_local_dir='{tmp_path / 'ckpt'}'" in overrides
-    assert f"DRY_RUN: TRAINING_BACKEND={backend}; each node's 'ray start' gets:" in log
+    assert f"DRY_RUN: backend {backend}; each node's 'ray start' gets:" in log
     if backend == "cpu":
         assert "trainer.device=cpu" in overrides and "trainer.n_gpus_per_node=1" in overrides
         assert "--num-gpus=1 --num-cpus=8" in log
@@ -290,17 +295,21 @@ def test_dry_run_job_prints_the_trainer_command_from_inside_the_job(slurm, tmp_p
 
 # --- the submit script's Slurm + Ray path, backend and trainer stubbed -----------------------------------------
 
-STUB_OVERRIDES = [
-    "trainer.n_gpus_per_node=1",
-    "+ray_kwargs.ray_init.num_gpus=1",  # taken out of the trainer's overrides: sizes `ray start` instead
-    "ray_kwargs.ray_init.num_cpus=6",
-    "+stub.backend_override=1",
-]
+STUB_OVERRIDES = ["trainer.n_gpus_per_node=1", "+stub.backend_override=1"]
 STUB_ENV = {"STUB_BACKEND_VAR": "from-the-backend", "VERL_USE_EXTERNAL_MODULES": "stub.activate"}
 
-# The trainer stand-in: joins the Ray cluster the script started (RAY_ADDRESS), records its arguments, Ray's
-# resources and what a one-GPU Ray task sees, leaves a child process behind for the job teardown to handle,
-# sleeps STUB_TRAINER_SLEEP seconds (a job to cancel meanwhile) and exits with STUB_TRAINER_EXIT.
+# The CPU backend's stand-in (NG_CPU_BACKEND_MODULE): the launcher's contract with a backend module.
+STUB_BACKEND = f"""
+def cpu_overrides(start_ray=True):
+    return {STUB_OVERRIDES!r}
+
+def cpu_env():
+    return {STUB_ENV!r}
+"""
+
+# The trainer stand-in (NG_TRAINER_MODULE): joins the Ray cluster the bootstrap started (RAY_ADDRESS), records its
+# arguments, Ray's resources and what a one-GPU Ray task sees, leaves a child process behind for the launcher to
+# stop, sleeps STUB_TRAINER_SLEEP seconds (a job to cancel meanwhile) and exits with STUB_TRAINER_EXIT.
 STUB_TRAINER = """
 import json, os, subprocess, sys, time
 import ray
@@ -335,30 +344,13 @@ sys.exit(status)
 """
 
 
-def stub_venv(tmp_path: Path) -> Path:
-    """A VENV whose python runs the real interpreter, except for the CPU backend module (prints STUB_OVERRIDES /
-    STUB_ENV) and verl's trainer (runs STUB_TRAINER); `ray` is the real one."""
-    venv = tmp_path / "stub-venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "ray").symlink_to(VENV / "bin" / "ray")
-    (tmp_path / "stub_trainer.py").write_text(STUB_TRAINER)
-    overrides = "\n".join(STUB_OVERRIDES)
-    env = "\n".join(f"{key}={value}" for key, value in STUB_ENV.items())
-    python = venv / "bin" / "python"
-    python.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [[ "${1:-} ${2:-}" == "-m recipe.nemo_gym_testing.cpu_training" ]]; then\n'
-        f'    case "$3" in overrides) printf "%s\\n" {shlex.quote(overrides)} ;;'
-        f' env) printf "%s\\n" {shlex.quote(env)} ;; *) exit 2 ;; esac\n'
-        "    exit 0\n"
-        "fi\n"
-        'if [[ "${1:-} ${2:-}" == "-m verl.trainer.main_ppo" ]]; then\n'
-        f'    shift 2; exec {shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / "stub_trainer.py"))} "$@"\n'
-        "fi\n"
-        f'exec {shlex.quote(sys.executable)} "$@"\n'
-    )
-    python.chmod(0o755)
-    return venv
+def stub_modules(tmp_path: Path) -> dict[str, str]:
+    """The environment that makes the launcher run the stand-ins above: a folder on PYTHONPATH holding them."""
+    folder = tmp_path / "stubs"
+    folder.mkdir()
+    (folder / "stub_backend.py").write_text(STUB_BACKEND)
+    (folder / "stub_trainer.py").write_text(STUB_TRAINER)
+    return {"PYTHONPATH": str(folder), "NG_CPU_BACKEND_MODULE": "stub_backend", "NG_TRAINER_MODULE": "stub_trainer"}
 
 
 def cancel_once_training(cluster, report: Path, timeout_s: float = 400):
@@ -378,7 +370,7 @@ def cancel_once_training(cluster, report: Path, timeout_s: float = 400):
 
 @pytest.mark.parametrize("outcome", ["trainer-succeeds", "trainer-fails", "job-cancelled"])
 def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tmp_path, ray_temp_dir, outcome):
-    config = write_config(tmp_path, ray_temp_dir, TRAINING_BACKEND="cpu", VENV=str(stub_venv(tmp_path)))
+    job = write_job(tmp_path, ray_temp_dir, backend="cpu", cluster__ray_num_cpus=6)
     report = tmp_path / "report.json"
     record, log, left = submit_ray_job(
         slurm,
@@ -386,33 +378,32 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         SUBMIT,
         timeout_s=600,
         while_running=cancel_once_training(slurm, report) if outcome == "job-cancelled" else None,
-        CONFIG_ENV=str(config),
+        JOB=str(job),
         STUB_REPORT=str(report),
         STUB_TRAINER_EXIT="3" if outcome == "trainer-fails" else "0",
         STUB_TRAINER_SLEEP="600" if outcome == "job-cancelled" else "0",
         CUDA_VISIBLE_DEVICES="",  # as some CPU setups export it: Ray would refuse its logical GPU
+        **stub_modules(tmp_path),
     )
     failure = job_failure(record, log, slurm)
     if outcome == "trainer-succeeds":
         assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", failure
-        assert "submit: training finished" in log, failure
+        assert log.rstrip().splitlines()[-1] == "launch: training finished", failure
     elif outcome == "trainer-fails":
         assert record["JobState"] == "FAILED" and record["ExitCode"] == "3:0", failure
-        assert "the trainer exited with status 3" in log, failure
-        # The job's output ends with the trainer's error, after the teardown's own lines.
+        # The job's output ends with the trainer's error, after the bootstrap has stopped Ray.
         assert log.rstrip().splitlines()[-2:] == [
-            "submit: the trainer failed (exit status 3); its error (the whole output is above):",
-            "submit:   RuntimeError: stub trainer: the cause a user must see",
+            "launch: the trainer failed (exit status 3); its error (the whole output is above):",
+            "launch:   RuntimeError: stub trainer: the cause a user must see",
         ], failure
     else:
-        # Slurm signals every process of the batch step at once (the script, the trainer, srun); the script's
-        # TERM trap still runs its teardown, and nothing may survive it.
-        assert record["JobState"] == "CANCELLED" and "submit: training finished" not in log, failure
+        # Slurm signals every process of the batch step at once (the script, the launcher, the trainer, srun); the
+        # bootstrap's TERM trap still runs its teardown, and nothing may survive it.
+        assert record["JobState"] == "CANCELLED" and "launch: training finished" not in log, failure
     assert report.exists(), failure
     seen = json.loads(report.read_text())
-    # Ray was started by the script (srun ... ray start --block) with the backend's sizes.
+    # Ray was started by the bootstrap (srun ... ray start --block) with the backend's sizes.
     assert seen["resources"]["GPU"] == 1.0 and seen["resources"]["CPU"] == 6.0, seen["resources"]
-    assert "unsetting the empty CUDA_VISIBLE_DEVICES" in log
     assert seen["driver_cuda_visible_devices"] == "<unset>"
     # The backend's environment reached a Ray worker, with the plugin's module list merged with the backend's.
     assert seen["task"]["STUB_BACKEND_VAR"] == "from-the-backend"
@@ -429,9 +420,6 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,stub.activate'"
         in argv
     )
-    if outcome != "job-cancelled":
-        assert "submit: stopping Ray head" in log, failure
-        assert "submit: stopping the processes the trainer (verl.trainer.main_ppo) left behind" in log, failure
     assert left == [], f"left running after the job: {left}\n{failure}"
 
 
@@ -498,26 +486,25 @@ def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job
     from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
     blend = write_blend(tmp_path, rows_per_env=3)  # 3 steps of one math and one workplace row
-    config = write_config(
+    job = write_job(
         tmp_path,
         ray_temp_dir,
-        TRAINING_BACKEND="cpu",
-        MODEL_PATH=str(tiny_qwen3_dir()),
-        MULTIENV_TRAIN_FILES=str(blend),
-        MULTIENV_VAL_FILES=str(blend),
-        TRAIN_BATCH_SIZE="2",
-        ROLLOUT_N="2",
-        PPO_MINI_BATCH_SIZE="2",
-        MICRO_BATCH_SIZE_PER_GPU="1",
-        MAX_PROMPT_LENGTH="1024",
-        MAX_RESPONSE_LENGTH="32",
-        TOTAL_TRAINING_STEPS="3",
-        SAVE_FREQ="-1",
-        TEST_FREQ="-1",
-        VAL_BEFORE_TRAIN="false",
-        LOGGER="console",
-        PROJECT_NAME="nemo_gym_slurm",
-        EXPERIMENT_NAME="cpu_backend",
+        backend="cpu",
+        model=str(tiny_qwen3_dir()),
+        data={"train_files": [str(blend)], "val_files": [str(blend)]},
+        training={
+            "train_batch_size": 2,
+            "rollout_n": 2,
+            "ppo_mini_batch_size": 2,
+            "micro_batch_size_per_gpu": 1,
+            "max_prompt_length": 1024,
+            "max_response_length": 32,
+            "total_training_steps": 3,
+            "save_freq": -1,
+            "test_freq": -1,
+            "val_before_train": False,
+        },
+        logging={"project": "nemo_gym_slurm", "experiment": "cpu_backend", "loggers": ["console"]},
     )
     started = time.time()
     record, log, left = submit_ray_job(
@@ -527,7 +514,7 @@ def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job
         "data.dataloader_num_workers=0",
         timeout_s=1500,
         while_running=kill_after_step_1(slurm, tmp_path / "job-%j.log", "math_with_judge"),
-        CONFIG_ENV=str(config),
+        JOB=str(job),
     )
     ended = time.time()
     failure = job_failure(record, log, slurm)
@@ -536,10 +523,10 @@ def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job
     assert re.search(r"\bstep:1 - ", log) and not re.search(r"\bstep:3 - ", log), failure  # verl's console logger
     # The job's output ends with the trainer's error: the plugin names the server that died.
     lines = log.rstrip().splitlines()
-    failed = next(i for i, line in enumerate(lines) if line.startswith("submit: the trainer failed (exit status 1)"))
-    assert lines[failed + 1].startswith("submit:   RolloutAborted: NeMo Gym server(s) ['math_with_judge"), failure
+    failed = next(i for i, line in enumerate(lines) if line.startswith("launch: the trainer failed (exit status 1)"))
+    assert lines[failed + 1].startswith("launch:   RolloutAborted: NeMo Gym server(s) ['math_with_judge"), failure
     assert "died with" in lines[failed + 1], failure
     assert left == [], f"left running after the job (Ray, NeMo Gym or trainer processes): {left}"
-    # vLLM's shared-memory ring buffers and verl's buckets and sockets: the script's teardown removes the job's.
+    # vLLM's shared-memory ring buffers and verl's buckets and sockets: the launcher removes the job's.
     litter = orphans(candidates(), held_files(), since=started, until=ended)
     assert litter == [], f"left in /dev/shm or /tmp by the job: {litter}"

@@ -1,21 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """The verl overrides that plug the recipe into `main_ppo` come from one place, and every user of them agrees.
 
-`recipe.nemo_gym.verl_overrides.plugin_overrides` is the source; the submit scripts (through its command line),
-the CPU job runner, the test harness and the README's command must each carry all of them.
+`recipe.nemo_gym.verl_overrides.plugin_overrides` is the source; the launcher (which the submit scripts run), the
+CPU job runner, the test harness and the README's command must each carry all of them.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, main, plugin_overrides
+from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, plugin_overrides
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import dry_run_overrides, write_config
+from recipe.nemo_gym_testing.helpers import dry_run_overrides, write_job
 
 
 def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():
@@ -32,26 +30,11 @@ def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():
     assert re.search(rf"^class {name}\b", source, re.M)
 
 
-def test_command_line_prints_one_override_per_line_and_refuses_a_missing_argument(capsys):
-    assert main(["/x.yaml"]) == 0
-    assert capsys.readouterr().out.splitlines() == plugin_overrides("/x.yaml")
-    assert main([]) == 2
-    assert "usage:" in capsys.readouterr().err
-    result = subprocess.run(
-        [sys.executable, "-m", "recipe.nemo_gym.verl_overrides", "/y.yaml"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.splitlines() == plugin_overrides("/y.yaml")
-
-
 def test_submit_scripts_pass_every_plugin_override(tmp_path):
     for script, yaml_name in (("submit_math.sh", "math.yaml"), ("submit_multienv.sh", "multienv.yaml")):
-        config = write_config(tmp_path)
-        argv = dry_run_overrides(REPO / script, config)
-        # the scripts quote every path for Hydra ('...'), so a path with `,` or `=` stays one value
+        job = write_job(tmp_path, yaml_name.removesuffix(".yaml"))
+        argv = dry_run_overrides(REPO / script, job)
+        # the launcher quotes every path for Hydra ('...'), so a path with `,` or `=` stays one value
         expected = plugin_overrides(f"'{REPO / 'recipe' / 'nemo_gym' / 'configs' / yaml_name}'")
         assert [item for item in argv if item in expected] == expected, script
 
@@ -84,8 +67,8 @@ def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
 
 def test_readme_command_shows_every_plugin_override():
     readme = (REPO / "README.md").read_text()
-    block = re.search(r"The verl command those scripts run is, in essence:\n\n```bash\n(.*?)```", readme, re.S)
-    assert block, "README: the command block after 'The verl command those scripts run is, in essence:'"
+    block = re.search(r"The verl command the launcher runs is, in essence:\n\n```bash\n(.*?)```", readme, re.S)
+    assert block, "README: the command block after 'The verl command the launcher runs is, in essence:'"
     shown = block.group(1).replace("\\\n", " ").split()
     config = "$REPO/recipe/nemo_gym/configs/multienv.yaml"
     missing = [item for item in plugin_overrides(config) if item not in shown]

@@ -3,7 +3,7 @@
 
 - docs/troubleshooting.md names every error a user can meet: each exception class defined under `recipe/` (found
   with `ast`: no module is imported), each splice refusal rule (`rule N (...) failed`), each `FailureCause`, and
-  each `ng_die` message of scripts_common.sh (its `$VARIABLE` parts match any text).
+  each `die` message of ray_on_slurm.sh, the Ray bootstrap (its `$VARIABLE` parts match any text).
 - Every command shown (in ```bash blocks, and inline code that starts like a command) is run by a test or a script:
   the same string in a test, a shell script or `.ci/run` (interpreter spelled `python`), or the same argument list in
   a test's subprocess call; or it is light and run here (`RUN_HERE`: dry runs and checks that print and exit); or it
@@ -44,7 +44,7 @@ CODE_ROOTS: tuple[Path, ...] = (REPO / "recipe",)
 """Where error classes are looked for: the plugin and its test support (the CPU job runner is what users run)."""
 SPLICE_CODE = (REPO / "recipe" / "nemo_gym" / "splice", REPO / "recipe" / "nemo_gym" / "server_patch")
 FAILURES = REPO / "recipe" / "nemo_gym" / "failures.py"
-SUBMIT_COMMON = REPO / "scripts_common.sh"
+BOOTSTRAP = REPO / "ray_on_slurm.sh"
 
 README_MAX_LINES = 250
 QUICKSTART_HEADING = "## Quickstart: train on a GPU cluster"
@@ -94,23 +94,24 @@ def failure_causes() -> list[str]:
     ]
 
 
+_DIE = re.compile(r"(?:^|[\s;|&{(])die ")
 _SHELL_EXPANSION = re.compile(r"\$(?:\{[^}]*\}|\([^)]*\)|[\w?*@#]+|\\n)")
 
 
 def submit_errors() -> dict[str, str]:
-    """Every `ng_die` message of scripts_common.sh, its arguments joined as the function joins them -> where."""
+    """Every `die` message of ray_on_slurm.sh, its arguments joined as the function joins them -> where."""
     found: dict[str, str] = {}
     logical: list[tuple[int, str]] = []  # (first line number, the line with its continuations joined)
-    for number, line in enumerate(SUBMIT_COMMON.read_text().splitlines(), start=1):
+    for number, line in enumerate(BOOTSTRAP.read_text().splitlines(), start=1):
         if logical and logical[-1][1].endswith("\\"):
             logical[-1] = (logical[-1][0], logical[-1][1][:-1] + " " + line)
         else:
             logical.append((number, line))
     for number, line in logical:
-        at = line.find("ng_die ")
-        if at < 0 or line.lstrip().startswith("#"):
+        call = _DIE.search(line)
+        if call is None or line.lstrip().startswith(("#", "die()")):
             continue
-        lexer = shlex.shlex(line[at + len("ng_die ") :], posix=True, punctuation_chars=";|&()")
+        lexer = shlex.shlex(line[call.end() :], posix=True, punctuation_chars=";|&()")
         lexer.whitespace_split = True
         lexer.commenters = ""
         words = []
@@ -118,7 +119,7 @@ def submit_errors() -> dict[str, str]:
             if word in {";", ";;", "|", "||", "&&", "}", ")"}:
                 break
             words.append(word)
-        found.setdefault(" ".join(words), f"{relative(SUBMIT_COMMON)}:{number}")
+        found.setdefault(" ".join(words), f"{relative(BOOTSTRAP)}:{number}")
     return found
 
 
@@ -165,7 +166,7 @@ def test_troubleshooting_names_every_failure_cause():
 
 def test_troubleshooting_shows_every_submit_script_error():
     errors = submit_errors()
-    assert any(message.startswith("STRATEGY must be fsdp or megatron") for message in errors), errors
+    assert any(message.startswith("the job asks for cluster.nnodes=") for message in errors), errors
     text = TROUBLESHOOTING.read_text()
     missing = []
     for message, where in errors.items():
@@ -173,7 +174,7 @@ def test_troubleshooting_shows_every_submit_script_error():
         if pattern is not None and not pattern.search(text):
             missing.append(f"{message!r} ({where})")
     assert not missing, (
-        f"{relative(TROUBLESHOOTING)} does not show these submit-script errors (`<...>` for the parts that vary): "
+        f"{relative(TROUBLESHOOTING)} does not show these bootstrap errors (`<...>` for the parts that vary): "
         + "; ".join(missing)
     )
 
@@ -269,9 +270,10 @@ def normalized(text: str) -> str:
 
 
 def shell_runners() -> list[Path]:
-    """The shell scripts that run commands: CI's entry point, the setup, test and demo scripts, the submit scripts'
-    shared code and the scripts under tests/."""
-    names = (".ci/run", "setup.sh", "run_tests.sh", "run_demo.sh", "scripts_common.sh")
+    """The shell scripts that run commands: CI's entry point, the setup, test and demo scripts, the submit scripts and
+    their Ray bootstrap, and the scripts under tests/."""
+    names = (".ci/run", "setup.sh", "run_tests.sh", "run_demo.sh", "submit_math.sh", "submit_multienv.sh")
+    names += ("ray_on_slurm.sh",)
     return [REPO / name for name in names] + sorted((REPO / "tests").rglob("*.sh"))
 
 
@@ -333,6 +335,11 @@ def run_by(command: str) -> str | None:
 # trainer's environment first on PATH: command -> (exit statuses accepted, text its output must hold).
 RUN_HERE: dict[str, tuple[set[int], str]] = {
     "DRY_RUN=1 ./submit_multienv.sh": ({0}, "verl.trainer.main_ppo"),
+    # the shipped job up to its data files, which are placeholders to fill in
+    "python -m recipe.nemo_gym.launch check jobs/multienv.yaml": (
+        {1},
+        "launch: ERROR: data.train_files: data file /shared/data/multienv/math_train.jsonl does not exist",
+    ),
     "python -m recipe.nemo_gym.preflight megatron": ({0, 1}, ""),
     "python -m recipe.nemo_gym.gym.owned.environment": ({0}, "nemo-gym"),
     "python -m recipe.nemo_gym_testing.cpu_training difference": ({0}, "trainer.device=cpu"),
@@ -345,7 +352,10 @@ NOT_RUN: dict[str, str] = {
     r"\./run_tests\.sh .+": "CI's command (.ci/run runs ./run_tests.sh) with pytest arguments, passed to pytest",
     r"\.venv/bin/python -m pytest tests/cpu/\S+(?: -n \d+)?": "one module or one tier's folder of the suite "
     "./run_tests.sh runs",
-    r"cp config\.env\.example config\.env": "copies the template; the tests write config.env files of their own",
+    r"python -m verl\.trainer\.main_ppo": "the trainer's command, which the launcher composes and runs "
+    "(recipe/nemo_gym/launch/compose.py); tests/cpu/e2e/test_slurm.py runs it through the submit script",
+    r"JOB=jobs/uppercase\.yaml DRY_RUN=1 \./submit_multienv\.sh": "the reader's own job file; RUN_HERE runs "
+    "`DRY_RUN=1 ./submit_multienv.sh` with a job of its own",
     r"(?:[A-Z_]+=\S+ )*sbatch .+": "needs a Slurm cluster (GPUs for training jobs); tests/cpu/e2e/test_slurm.py "
     "submits submit_multienv.sh with sbatch to a private one-node CPU cluster",
     r"PYTHONPATH=\$REPO:\$PYTHONPATH VERL_USE_EXTERNAL_MODULES=recipe\.nemo_gym\.vllm_plugin python -m "
@@ -381,26 +391,26 @@ def test_the_tables_of_commands_name_only_commands_still_shown():
 
 
 @pytest.fixture
-def submit_config(tmp_path) -> Path:
-    """A config.env for submit_multienv.sh's dry run: the required settings, data files that exist."""
+def submit_job(tmp_path) -> Path:
+    """jobs/multienv.yaml for submit_multienv.sh's dry run, with data files that exist."""
     data = tmp_path / "rows.jsonl"
     data.write_text("")
-    config = tmp_path / "config.env"
-    config.write_text(
-        f"MODEL_PATH={tmp_path / 'model'}\nCHECKPOINT_DIR={tmp_path / 'ckpt'}\n"
-        f"MULTIENV_TRAIN_FILES={data}\nMULTIENV_VAL_FILES={data}\n"
-    )
-    return config
+    job = yaml.safe_load((REPO / "jobs" / "multienv.yaml").read_text())
+    job["environments"] = str(REPO / "recipe" / "nemo_gym" / "configs" / "multienv.yaml")
+    job["data"] = {"train_files": [str(data)], "val_files": [str(data)]}
+    path = tmp_path / "multienv.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
 
 
 @pytest.mark.parametrize("command", sorted(RUN_HERE))
-def test_light_commands_shown_run_as_shown(command, submit_config):
+def test_light_commands_shown_run_as_shown(command, submit_job):
     statuses, expected = RUN_HERE[command]
     venv_bin = Path(sys.executable).parent
     env = {
         **os.environ,
         "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "CONFIG_ENV": str(submit_config),
+        "JOB": str(submit_job),
     }
     env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

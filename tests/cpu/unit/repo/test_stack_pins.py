@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The stack's versions are stated once, in uv.lock: every other file that names one agrees with it.
 
-`scripts_common.sh` reads the lock itself (tested in test_submit_scripts.py); these are the files that must
+The launcher reads the lock itself (`launch/checks.py`, tested in test_submit_scripts.py); these are the files that must
 state a version in their own format: verl's `REQUIRED_VERL.txt`, the CPU backend's version guard, and the
 example environment's `requirements.txt` (NeMo Gym reads it), which names the nemo-gym of Gym's own environment
 (`packaging/gym-requirements.txt`, the lock `./setup.sh` builds `.venv-gym` from).

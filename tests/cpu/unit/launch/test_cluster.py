@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`recipe/nemo_gym/launch/cluster.py`: counting the nodes `ray status` lists, and waiting for them in bounded time."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipe.nemo_gym.launch.cluster import ClusterNotFormed, count_ray_nodes, wait_for_nodes
+
+# `ray status` of Ray 2.60 (autoscaler v2 layout) for a cluster of three nodes, one still launching.
+RAY_STATUS_THREE_NODES = """======== Autoscaler status: 2026-01-01 00:00:00.000000 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 2 node_1f3a
+Idle:
+ 1 node_9bc0
+Pending:
+ gpu_worker, 3 launching
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/48.0 CPU
+ 0.0/16.0 GPU
+"""
+RAY_STATUS_EMPTY = """Node status
+---------------------------------------------------------------
+Active:
+ (no active nodes)
+Idle:
+ (no idle nodes)
+Pending:
+ (no pending nodes)
+"""
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"), [(RAY_STATUS_THREE_NODES, 3), (RAY_STATUS_EMPTY, 0), ("connection refused", 0)]
+)
+def test_count_ray_nodes_sums_active_and_idle_only(status, expected):
+    assert count_ray_nodes(status) == expected
+
+
+def test_waiting_returns_once_every_node_is_in():
+    answers = iter([RAY_STATUS_EMPTY, "connection refused", RAY_STATUS_THREE_NODES])
+    said = []
+    wait_for_nodes("10.0.0.1:6379", 3, timeout_s=30, poll_s=0, status=lambda address: next(answers), say=said.append)
+    assert said == ["the Ray cluster at 10.0.0.1:6379 has 3 of 3 nodes"]
+
+
+def test_waiting_gives_up_after_its_deadline_naming_the_count_and_the_last_status():
+    with pytest.raises(ClusterNotFormed) as raised:
+        wait_for_nodes("10.0.0.1:6379", 4, timeout_s=0.2, poll_s=0.05, status=lambda address: RAY_STATUS_THREE_NODES)
+    message = str(raised.value)
+    assert message.startswith(
+        "the Ray cluster at 10.0.0.1:6379 has 3 of 4 nodes after 0 s (cluster.ray_join_timeout_s)"
+    )
+    assert message.endswith(RAY_STATUS_THREE_NODES)
