@@ -22,7 +22,7 @@ from recipe.nemo_gym.launch import checks
 from recipe.nemo_gym.launch.cluster import wait_for_nodes
 from recipe.nemo_gym.launch.compose import TRAINER_MODULE, Backend, Launch, compose
 from recipe.nemo_gym.launch.job import Job, load_job
-from recipe.nemo_gym.launch.supervise import run_trainer
+from recipe.nemo_gym.launch.supervise import run_trainer, say
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_BACKEND_MODULE = "recipe.nemo_gym_testing.cpu_training.overrides"
@@ -30,16 +30,12 @@ CPU_BACKEND_MODULE = "recipe.nemo_gym_testing.cpu_training.overrides"
 of the test-support package statically, and a GPU job never loads it."""
 
 
-def _say(message: str) -> None:
-    print(f"launch: {message}", file=sys.stderr, flush=True)
-
-
 def backend_of(job: Job, environ: Mapping[str, str]) -> Backend:
     if job.backend == "gpu":
         return Backend()
     cpu = importlib.import_module(environ.get("NG_CPU_BACKEND_MODULE", CPU_BACKEND_MODULE))
     if job.cluster.gpus_per_node != 1:
-        _say(f"backend cpu: one logical GPU per node (cluster.gpus_per_node={job.cluster.gpus_per_node} ignored)")
+        say(f"backend cpu: one logical GPU per node (cluster.gpus_per_node={job.cluster.gpus_per_node} ignored)")
     return Backend(overrides=cpu.cpu_overrides(start_ray=False), environment=cpu.cpu_env(), gpus_per_node=1)
 
 
@@ -63,8 +59,8 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], dry_
         except checks.Deferred as e:
             if not dry_run:
                 raise
-            _say(f"DRY_RUN: a real run would stop here: {e}")
-    _say(f"NeMo Gym: {checks.check_gym_environment(job)}")
+            say(f"DRY_RUN: a real run would stop here: {e}")
+    say(f"NeMo Gym: {checks.check_gym_environment(job)}")
     return launch
 
 
@@ -110,15 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = load_job(args.job, args.set, environ)
         launch = prepare(job, args.overrides, environ, dry_run=args.command == "dry-run")
     except (NeMoGymPluginError, ValueError) as e:
-        _say(f"ERROR: {e}")
+        say(f"ERROR: {e}")
         return 1
     argv_ = launch.trainer_argv(sys.executable, environ.get("NG_TRAINER_MODULE", TRAINER_MODULE))
     if args.command == "check":
-        _say(f"{args.job}: a valid {job.backend} job of {len(argv_) - 3} overrides on {job.cluster.nnodes} node(s)")
+        say(f"{args.job}: a valid {job.backend} job of {len(argv_) - 3} overrides on {job.cluster.nnodes} node(s)")
     elif args.command == "dry-run":
         shown = " ".join(f"{k}={v}" for k, v in launch.environment.items())
-        _say(f"DRY_RUN: the trainer's command, one argument per line (nothing started); its processes get {shown}")
-        _say(f"DRY_RUN: backend {job.backend}; each node's 'ray start' gets: {' '.join(launch.ray_start_args)}")
+        say(f"DRY_RUN: the trainer's command, one argument per line (nothing started); its processes get {shown}")
+        say(f"DRY_RUN: backend {job.backend}; each node's 'ray start' gets: {' '.join(launch.ray_start_args)}")
         print("\n".join(argv_))
     elif args.command == "ray-env":
         print(shell_settings(job, launch, environ))
@@ -134,11 +130,11 @@ def run(job: Job, launch: Launch, argv: list[str], environ: Mapping[str, str]) -
     if address:
         c = job.cluster
         try:
-            wait_for_nodes(address, c.nnodes, c.ray_join_timeout_s, c.ray_poll_interval_s, say=_say)
+            wait_for_nodes(address, c.nnodes, c.ray_join_timeout_s, c.ray_poll_interval_s, say=say)
         except NeMoGymPluginError as e:
-            _say(f"ERROR: {e}")
+            say(f"ERROR: {e}")
             return 1
-    _say(f"starting the trainer ({job.experiment}, backend {job.backend}) against Ray at {address or 'its own'}")
+    say(f"starting the trainer ({job.experiment}, backend {job.backend}) against Ray at {address or 'its own'}")
     outcome_file = environ.get("NG_OUTCOME_FILE")
     if not outcome_file:
         return run_trainer(argv, env, job.cluster.stop_grace_s)

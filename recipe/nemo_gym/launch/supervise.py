@@ -45,7 +45,8 @@ def _copy(pipe, write: Callable[[str], None], tail: collections.deque[str]) -> N
             tail.append(line)
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """A line of the launcher's own, on stderr (the trainer's output is on stdout)."""
     print(f"launch: {message}", file=sys.stderr, flush=True)
 
 
@@ -65,7 +66,7 @@ def run_trainer(
 ) -> int:
     """Run `argv` as described in the module docstring; returns the job's exit status. `report` gets the outcome's
     lines (`outcome_lines`; default: this process's stderr, each after `launch: `)."""
-    report = report or _say
+    report = report or say
     started_at = time.time()
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     stopped_by: list[int] = []
@@ -77,7 +78,7 @@ def run_trainer(
             return  # one stop at a time; it is bounded
         stopped_by.append(signum)
         name = signal.Signals(signum).name
-        _say(f"{name} received: SIGINT to the trainer, its group killed after {stop_grace_s:.0f} s")
+        say(f"{name} received: SIGINT to the trainer, its group killed after {stop_grace_s:.0f} s")
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGINT)
         kill_timer.start()
@@ -109,7 +110,7 @@ def run_trainer(
         stop_group(proc.pid, stop_grace_s, first=signal.SIGTERM)
         reader.join(timeout=PIPE_DRAIN_S)
         for path in remove_leftovers(started_at):
-            _say(f"removed {path} (left by vLLM or verl, held by no process)")
+            say(f"removed {path} (left by vLLM or verl, held by no process)")
     status = exit_status(proc.returncode, stopped_by[0] if stopped_by else None)
     cause = failure_cause("".join(tail)) if proc.returncode > 0 and not stopped_by else None
     for line in outcome_lines(status, stopped_by[0] if stopped_by else None, str(cause) if cause else None):
