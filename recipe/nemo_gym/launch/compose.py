@@ -110,7 +110,9 @@ def job_overrides(job: Job, external_modules: str, wandb: bool) -> list[str]:
         f"trainer.default_local_dir={hydra_string(job.checkpoint_dir)}",
         f"trainer.save_freq={t.save_freq}",
         f"trainer.test_freq={t.test_freq}",
-        f"trainer.total_epochs={t.total_epochs}",
+        # verl 0.9.1 ends with its epoch loop even before `total_training_steps`: with a fixed number of steps, allow
+        # as many epochs as steps (an epoch has at least one step), so that the steps decide.
+        f"trainer.total_epochs={t.total_training_steps or t.total_epochs}",
         f"trainer.val_before_train={str(t.val_before_train).lower()}",
     ]
     if t.total_training_steps is not None:

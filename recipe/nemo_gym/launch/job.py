@@ -88,6 +88,7 @@ class Training(_Section):
     """vLLM's tool-call parser for the model's format (hermes: Qwen2.5/Qwen3). None: tool-free data only."""
     total_epochs: PositiveInt = 1
     total_training_steps: PositiveInt | None = None
+    """A fixed number of steps, however many epochs of the data they take (`total_epochs` is then ignored)."""
     save_freq: int = 50
     """Checkpoint every this many steps; -1: never."""
     test_freq: int = 10
@@ -176,20 +177,29 @@ _PATH_KEYS = (("model",), ("checkpoint_dir",), ("environments",), ("gym_env",), 
 _PATH_LIST_KEYS = (("data", "train_files"), ("data", "val_files"))
 
 
+def _as_paths(keys: tuple[str, ...], value: Any, base: Path) -> Any:
+    """`value` of `keys` with its paths made absolute from `base`; an empty path (or list item) means unset."""
+
+    def one(item: Any) -> Any:
+        return os.path.normpath(base / os.path.expanduser(item)) if isinstance(item, str) and item else item
+
+    if keys in _PATH_KEYS:
+        return one(value) if value != "" else None
+    if keys in _PATH_LIST_KEYS:
+        if isinstance(value, str):  # an override's `a.jsonl,b.jsonl`
+            value = value.split(",")
+        return [one(str(v)) for v in value if str(v)] if isinstance(value, list) else value
+    return value
+
+
 def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
     """Relative paths of the file, taken from the file's folder (overrides come later: from the current one)."""
-
-    def resolve(value: Any) -> Any:
-        return os.path.normpath(base / os.path.expanduser(value)) if isinstance(value, str) and value else value
-
     for keys in _PATH_KEYS + _PATH_LIST_KEYS:
         parent = raw
         for key in keys[:-1]:
             parent = parent.get(key) if isinstance(parent, dict) else None
-        if not isinstance(parent, dict) or keys[-1] not in parent:
-            continue
-        value = parent[keys[-1]]
-        parent[keys[-1]] = [resolve(v) for v in value] if isinstance(value, list) else resolve(value)
+        if isinstance(parent, dict) and keys[-1] in parent:
+            parent[keys[-1]] = _as_paths(keys, parent[keys[-1]], base)
 
 
 def _apply(raw: dict[str, Any], keys: tuple[str, ...], text: str, path: Path) -> None:
@@ -204,12 +214,9 @@ def _apply(raw: dict[str, Any], keys: tuple[str, ...], text: str, path: Path) ->
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         value = text
-    if keys in _PATH_KEYS and isinstance(value, str):
-        value = os.path.abspath(os.path.expanduser(value))
-    if keys in _PATH_LIST_KEYS:
-        items = value if isinstance(value, list) else str(value).split(",")
-        value = [os.path.abspath(os.path.expanduser(str(v))) for v in items if str(v)]
-    parent[keys[-1]] = value
+    if value is None and keys in _PATH_LIST_KEYS:
+        value = []  # `JOB__DATA__VAL_FILES=` empties the list (then refused as too short, naming the key)
+    parent[keys[-1]] = _as_paths(keys, value, Path.cwd())
 
 
 def _describe(error: ValidationError, path: Path, sources: dict[tuple[str, ...], str]) -> str:

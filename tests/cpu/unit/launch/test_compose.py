@@ -96,6 +96,7 @@ def test_job_keys_reach_their_overrides():
         "trainer.x=1",
     ]
     assert "trainer.logger=[console,file]" in added  # the job's loggers, even with a wandb key
+    assert "trainer.total_epochs=5" in added  # the steps decide, however many epochs of the data they take
     assert not [o for o in launch.overrides if "tool_call_parser" in o or "auto_tool_choice" in o]
     assert launch.environment["NEMO_GYM_ENV"] == "/gym"
     assert launch.ray_start_args == ["--num-gpus=8", "--num-cpus=12"]

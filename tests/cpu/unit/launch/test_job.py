@@ -79,9 +79,20 @@ def test_the_environment_overrides_the_file_and_the_command_line_overrides_both(
         (MINIMAL, ["training.strategy=deepspeed"], {}, "training.strategy: Input should be 'fsdp' or 'megatron'"),
         (MINIMAL.replace("model: models/tiny\n", ""), [], {}, "  model: Field required"),
         (MINIMAL, ["data.train_files=[]"], {}, "  data.train_files: List should have at least 1 item"),
+        (MINIMAL, [], {"JOB__DATA__VAL_FILES": ""}, "not 0 (from the environment's JOB__DATA__VAL_FILES)"),
         (MINIMAL + "verl_overrides: [trainer.x]\n", [], {}, "'trainer.x' is not a Hydra override"),
     ],
-    ids=["unknown-key", "wrong-type", "out-of-range", "unknown-env-key", "choice", "missing", "empty-list", "hydra"],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "out-of-range",
+        "unknown-env-key",
+        "choice",
+        "missing",
+        "empty-list",
+        "empty-env-list",
+        "hydra",
+    ],
 )
 def test_an_invalid_job_is_refused_naming_the_file_and_key(tmp_path, text, sets, environ, expected):
     path = _job_file(tmp_path, text)
@@ -106,6 +117,6 @@ def test_an_invalid_job_is_refused_naming_the_file_and_key(tmp_path, text, sets,
 )
 def test_an_unreadable_job_file_or_override_is_refused_naming_it(tmp_path, text, sets, expected):
     path = tmp_path / "job.yaml" if text is None else _job_file(tmp_path, text)
-    with pytest.raises(JobError, match=None) as raised:
+    with pytest.raises(JobError) as raised:
         load_job(path, sets, {})
     assert expected.format(path=path) in str(raised.value)
