@@ -13,18 +13,18 @@ tests/cpu/install_slurm.sh
 # a trainer's start-up is single-threaded imports, so two workers use both cores. NeMo Gym runs from
 # .venv-gym (Gym 0.7.0) in all of them, except test_end_to_end_gym_0_4.py: the end-to-end module again on the
 # oldest Gym the plugin runs, 0.4.0, which the trainer's .venv holds.
-# What the run costs, measured by the suite itself (recipe/nemo_gym_testing/suite_cost.py): each pytest run writes
+# What the run costs, measured by the suite itself (tests/support/suite_cost.py): each pytest run writes
 # its time per module into NG_SUITE_COST_DIR, a sampler beside them keeps the machine's peak memory in use, and the
 # summary is printed at the end.
 NG_SUITE_COST_DIR="$PWD/outputs/suite-cost/$(date -u +%Y%m%d-%H%M%S)"
 export NG_SUITE_COST_DIR
 mkdir -p "$NG_SUITE_COST_DIR"
-.venv/bin/python -m recipe.nemo_gym_testing.suite_cost sample "$NG_SUITE_COST_DIR" &
+.venv/bin/python -m tests.support.suite_cost sample "$NG_SUITE_COST_DIR" &
 sampler=$!
 trap 'kill "$sampler" 2>/dev/null || true' EXIT
 status=0
 NG_SUITE_COST_LABEL=suite .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile \
     --no-loadscope-reorder "$@" || status=$?
 kill "$sampler" && wait "$sampler" || true
-.venv/bin/python -m recipe.nemo_gym_testing.suite_cost report "$NG_SUITE_COST_DIR"
+.venv/bin/python -m tests.support.suite_cost report "$NG_SUITE_COST_DIR"
 exit "$status"

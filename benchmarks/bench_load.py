@@ -5,7 +5,7 @@ One batch of `--episodes` episodes (NeMo Gym's example rows of `--env`, cycled; 
 `NeMoGymAgentLoopManager.create` and `generate_sequences` exactly as verl's trainer calls them: verl's real
 `LLMServerClient`, NeMo Gym's real servers for the environment (`weather`: a tool call and its answer;
 `math`: `math_with_judge`, judge off) and training model server, and verl's own vLLM rollout on vLLM's CPU build
-(standalone, one replica) playing a scripted policy inside the real engine (`cpu_training/scripted_logits.py`).
+(standalone, one replica) playing a scripted policy inside the real engine (`tests/support/engine/scripted_logits.py`).
 The whole batch is handed over at once, so every episode is in flight together up to what the connector limits
 let through.
 
@@ -32,7 +32,7 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
 test reads it). Without `--policy-address` the policy (a local Ray and verl's rollout in it) is started and
 stopped here; with it, `--ray-address` names the Ray to join (the load test uses the suite's shared verl vLLM
-server), and every row names the `--env`'s script for the engine (`cpu_training/shared_engine.py`).
+server), and every row names the `--env`'s script for the engine (`tests/support/engine/shared_engine.py`).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_load.py [--episodes 512] [--nofile 1024]
 """
@@ -60,7 +60,8 @@ from recipe.nemo_gym.limits import (
     NEMO_GYM_DEFAULT_LIMIT,
     NEMO_GYM_DEFAULT_LIMIT_PER_HOST,
 )
-from recipe.nemo_gym_testing.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
+from recipe.nemo_gym_demo.data import write_jsonl
+from tests.support.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
 GYM_ENVS = Path(__file__).resolve().parents[1] / "tests" / "cpu" / "gym_envs"
 EMFILE_TEXT = "Too many open files"
@@ -118,7 +119,7 @@ backend's 32 queued them: about 1.3 episodes/s)."""
 
 def weather_policy() -> Any:
     """Scripted policy for the weather rows: call get_weather, then answer once the tool result is in."""
-    from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+    from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco"}}\n</tool_call>'
     return ScriptedPolicy(
@@ -139,13 +140,13 @@ def weather_policy() -> Any:
 
 def uppercase_policy() -> Any:
     """Scripted policy for the uppercase rows: an answer all in capitals (reward 1)."""
-    from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+    from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
 
     return ScriptedPolicy(rules=[ScriptRule(name="shout", completion=ScriptCompletion(text="PARIS"))])
 
 
 def policy_for(env: str) -> Any:
-    from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
+    from tests.support.cpu_policy.episodes import example_episodes_policy
 
     if env in ("uppercase", "flaky"):
         return uppercase_policy()
@@ -303,7 +304,7 @@ def retry_cost(manager: Any, dataset: Any, config: Any, episodes: int, rounds: i
     """`--env flaky`: a warm-up batch, then `rounds` pairs of batches on the same engine and Gym, one whose verifies
     never fail and one whose verifies fail at `--transient-failure-pct` (the manager retries them): wall times and
     the retry counts of each pair."""
-    from recipe.nemo_gym_testing.cpu_policy import harness
+    from tests.support.cpu_policy import harness
 
     def batch(indices: range) -> tuple[float, dict[str, float]]:
         _, rows = harness.trainer_batches(dataset, indices, config)
@@ -337,10 +338,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
     from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
-    from recipe.nemo_gym_testing.cpu_policy import harness
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-    from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
-    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
+    from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+    from tests.support.cpu_policy import harness
+    from tests.support.engine.script_choice import scripted_row
+    from tests.support.engine.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     report: dict[str, Any] = {
         "env": args.env,
@@ -371,7 +372,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # A running verl vLLM server (the suite's shared engine) plays the script each request names.
         script = policy_for(args.env).to_file(tmp / "script.json")
         rows = [scripted_row(row, script) for row in rows]
-    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    data = write_jsonl(rows, tmp / "rows.jsonl")
     config_path = plugin_yaml(
         tmp / "plugin.yaml",
         env,
@@ -394,7 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         stack.callback(ray.shutdown)
         if args.policy_address is None and args.policy == "cpu-server":
-            from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
+            from tests.support.cpu_policy.server import CPUPolicyServer
 
             init_local_ray()  # for verl's load balancer actor, which lists the server
             server = stack.enter_context(CPUPolicyServer(model_dir, script=policy_for(args.env)))

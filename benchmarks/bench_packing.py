@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Packing speed: NeMo Gym result dicts -> `Episode`s -> verl `DataProto`, on one pinned core.
 
-Builds synthetic results in the NeMo Gym shape (`recipe.nemo_gym_testing.results.synthetic_result`): each
+Builds synthetic results in the NeMo Gym shape (`tests.support.results.synthetic_result`): each
 episode has `--turns` model calls, a first prompt of `--first-prompt` tokens, `--generation` generated and
 `--observation` tool tokens per turn (defaults: 8 turns, 1,500 + 8 x 800 + 7 x 1,000 = 14,900 tokens). Each
 result goes through a JSON round trip so that, as after an HTTP response, every token of every prompt is its own
@@ -33,7 +33,7 @@ import torch
 
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import episode_from_result
-from recipe.nemo_gym_testing.results import synthetic_result
+from tests.support.results import synthetic_result
 
 PAD = 151643  # Qwen3's <|endoftext|>
 

@@ -7,7 +7,7 @@ replica than its episode's previous call recomputes the whole history. This meas
 verl's servers does to the cache.
 
 One batch through the real manager (`NeMoGymAgentLoopManager.create` / `generate_sequences`, as verl's trainer
-calls them) over verl's own vLLM rollout on CPU (`cpu_training/standalone.py`: `--replicas` `vLLMHttpServer`
+calls them) over verl's own vLLM rollout on CPU (`tests/support/engine/standalone.py`: `--replicas` `vLLMHttpServer`
 actors, vLLM's CPU engine, prefix caching on, as verl's default): NeMo Gym's workplace example rows, each episode
 two model calls around a real tool call (the scripted example policy, forced inside the engine), `--n` samples per
 row. Before and after the batch every server's Prometheus counters `vllm:prefix_cache_queries_total` and
@@ -32,9 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.data import example_rows, with_tools, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.episodes import example_episodes_policy
 
 MULTIENV = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "multienv.yaml"
 WORKPLACE = "workplace_assistant_simple_agent"
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    rows = [harness.with_tools(r, TOOLS) for r in harness.example_rows([WORKPLACE])]
+    rows = [with_tools(r, TOOLS) for r in example_rows([WORKPLACE])]
     with tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp:
-        data = harness.write_jsonl(rows, Path(tmp) / "rows.jsonl")
+        data = write_jsonl(rows, Path(tmp) / "rows.jsonl")
         overrides = [
             *harness.cpu_trainer_overrides(
                 tiny_qwen3_dir(), MULTIENV, prompt_length=2048, response_length=512, n=args.n, batch_size=len(rows)

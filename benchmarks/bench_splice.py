@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 
 from recipe.nemo_gym import server_patch
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_policy.tokenizer_calls import COUNTED, counted_tokenizer_calls
-from recipe.nemo_gym_testing.vllm_render import build_render_serving
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.qwen3 import IM_END as EOS
+from tests.support.cpu_policy.qwen3 import WEATHER_TOOL
+from tests.support.cpu_policy.tokenizer_calls import COUNTED, counted_tokenizer_calls
+from tests.support.vllm_render import build_render_serving
 
 TOOLS = [WEATHER_TOOL]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
 ENV_DIR = Path(__file__).resolve().parents[1] / "resources_servers" / "uppercase_share"
 EOS = (151645, 151643)  # <|im_end|>, <|endoftext|>

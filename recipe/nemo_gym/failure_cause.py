@@ -7,7 +7,7 @@ actor in the driver as `ray.exceptions.RayTaskError(<Type>): ray::<Actor>.<metho
 actor's traceback and the original `<Type>: <message>` line; such wrapper lines say where, not what, and are
 skipped. The cause is the last exception line of the last traceback that is not a wrapper, with the lines of its
 message that follow it (a message may span lines: a list of bad rows, a server's log tail), at most
-`MAX_LINES`. Prefixes the job runner and Ray add to each line (`[ 12.3s] `, `(TaskRunner pid=492) `, colour
+`MAX_LINES`. Prefixes the demo's console and Ray add to each line (`[ 12.3s] `, `(TaskRunner pid=492) `, colour
 codes) are removed first.
 
 `python -m recipe.nemo_gym.failure_cause LOG` prints the cause of the run whose console output is in LOG (the
@@ -25,7 +25,7 @@ MAX_LINES = 6
 MAX_LINE_CHARS = 400
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RUNNER_PREFIX = re.compile(r"^\[\s*\d+(?:\.\d+)?s\](?: |$)")  # the job runner's elapsed time (cpu_training/job.py)
+_RUNNER_PREFIX = re.compile(r"^\[\s*\d+(?:\.\d+)?s\](?: |$)")  # the demo's time stamp (recipe/nemo_gym_demo/console.py)
 _RAY_PREFIX = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=[\w.:-]+)?\)\s*")  # Ray's tag on a worker's line
 _EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*?(?:Error|Exception|Aborted|Died|Unreachable|Mismatch|Exceeded|"
@@ -55,7 +55,7 @@ class TracebackCause:
 
 
 def clean_line(line: str) -> str:
-    """A console line without colour codes, the job runner's time prefix or Ray's process tag."""
+    """A console line without colour codes, the demo's time prefix or Ray's process tag."""
     line = _ANSI.sub("", line.rstrip("\n"))
     line = _RUNNER_PREFIX.sub("", line)
     return _RAY_PREFIX.sub("", line)

@@ -2,8 +2,8 @@
 """Stopping a process group: ask with a signal, wait a bounded grace, SIGKILL what is left, confirm that nothing is.
 
 The one way the plugin and its test support stop a group they started (`start_new_session=True`, so the group's id
-is its leader's pid): Gym's launcher (`gym/owned/processes.py`), the job runner's trainer
-(`recipe/nemo_gym_testing/cpu_training/job.py`), the CPU policy server (`recipe/nemo_gym_testing/cpu_policy/`).
+is its leader's pid): Gym's launcher (`gym/owned/processes.py`), the job launcher's trainer
+(`launch/supervise.py`), the CPU policy server of the tests (`tests/support/cpu_policy/`).
 
 Contract (Linux: the group is read from `/proc`):
 - `live_members(pgid)`: the pids in the group that are not zombies. A zombie holds no memory, port or file; it waits

@@ -13,7 +13,8 @@ a batch that has no `rm_scores`, and hands their list to the manager, which igno
 NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers tools, which vLLM refuses
 (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the model's tool-call format
 (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
-The launcher (`launch/compose.py`), the CPU job runner and the test harness call the function, and a test checks
+The launcher (`launch/compose.py`, which every job goes through, the demo's too) and the test harness call the
+function, and a test checks
 that the README's command shows each of them.
 
 Hydra keys that verl 0.9.1's config lacks carry `+`: the manager class exists only on the `AgentLoopConfig`

@@ -3,7 +3,7 @@
 
 Tiers, one folder each: `unit/` (pure code, no servers; laid out as `recipe/nemo_gym/` is), `integration/` (a
 test starts a server, a subprocess stack, Ray or vLLM) and `e2e/` (it runs a training job: verl's `main_ppo`, a
-submit script, the job runner). Each module of `integration/` and `e2e/` is marked `integration`; the tests of
+submit script, the launcher). Each module of `integration/` and `e2e/` is marked `integration`; the tests of
 `e2e/` are marked `e2e` too, here (`pytest_itemcollected`). So `-m "not integration"` selects the unit tier,
 `-m "integration and not e2e"` the integration tier, `-m e2e` the end-to-end tier, as the folders do.
 
@@ -20,12 +20,12 @@ servers first and the ones that start servers last (`SERVER_MODULES`), away from
 
 Leftovers: the session gives every process it starts a temporary folder of its own (`TMPDIR`: a `ngsuite-*` folder
 in the system's), so what test fixtures' servers leave there (vLLM's sockets, Ray's sessions) goes with it at the
-end. At the end it fails if any training run left its temporary folder (`ngjob-*`, which the job runner removes
+end. At the end it fails if any training run left its temporary folder (`ngjob-*`, which the launcher removes
 when a run ends), or if anything new is left in the system's temporary folder or in /dev/shm (nothing of the
 runs may be; `recipe/nemo_gym/leftovers.py` removes what vLLM and verl leave in /dev/shm). pytest's own folders
 (`pytest-of-<user>`) stay where pytest puts them.
 
-Plain helpers (free ports, process scans, stub servers, rows) are in `recipe/nemo_gym_testing/helpers.py`.
+Plain helpers (free ports, process scans, stub servers, rows) are in `tests/support/helpers.py`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ HEAVY_MODULES = (
     "test_attach.py",
 )
 HEAVY_GROUP = "heavy"
-# The folder of the modules that run a training job (verl's main_ppo, a submit script, the job runner): their
+# The folder of the modules that run a training job (verl's main_ppo, a submit script, the launcher): their
 # integration tests are marked `e2e` too (`pytest_itemcollected`), the tier `-m e2e` selects.
 E2E_FOLDER = "e2e"
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
@@ -125,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Each test phase's duration, summed per module (in the controller: xdist hands it every worker's reports)."""
-    from recipe.nemo_gym_testing.suite_cost import ModuleCost, tier_of
+    from tests.support.suite_cost import ModuleCost, tier_of
 
     cost = _controller_cost()
     if cost is None:
@@ -147,7 +147,7 @@ def _controller_cost() -> dict | None:
 
 def _write_cost(config: pytest.Config) -> None:
     """The run's cost into `$NG_SUITE_COST_DIR/<label>.json`, which `./run_tests.sh` reports at its end."""
-    from recipe.nemo_gym_testing.suite_cost import RunCost
+    from tests.support.suite_cost import RunCost
 
     folder = os.environ.get("NG_SUITE_COST_DIR")
     if not folder:
@@ -245,7 +245,7 @@ def _release_memory_after_module():
     for a dozen tokenizers, in process) a worker held 6.4 GiB beside the other worker's trainers; with every
     `lru_cache` cleared, 1.5 GiB (measured by hand)."""
     yield
-    from recipe.nemo_gym_testing.helpers import release_cached_memory
+    from tests.support.helpers import release_cached_memory
 
     release_cached_memory()
 
@@ -270,11 +270,11 @@ _SHARED_ENGINE: list = []  # this pytest process's `SharedEngine`, once a module
 @pytest.fixture(scope="module")
 def shared_engine(tmp_path_factory):
     """verl's vLLM rollout (standalone, vLLM's CPU build, splice patch armed) shared by the modules that only send it
-    requests: each request names its scripted policy (`cpu_training/shared_engine.py`). It runs in a process of its
-    own with its own Ray, started on first use. It stays up while the next modules of this pytest process use it
+    requests: each request names its scripted policy (`tests/support/engine/shared_engine.py`). It runs in a process
+    of its own with its own Ray, started on first use. It stays up while the next modules of this pytest process use it
     too, is stopped before a heavy module that does not (`_no_idle_engine_beside_a_heavy_module`), and at the end
     of the session. A module that kills or reconfigures its engine starts its own. Returns an `EngineInfo`."""
-    from recipe.nemo_gym_testing.cpu_training.shared_engine import SharedEngine
+    from tests.support.engine.shared_engine import SharedEngine
 
     if not _SHARED_ENGINE:
         _SHARED_ENGINE.append(SharedEngine(tmp_path_factory.mktemp("shared-engine")))
@@ -319,6 +319,6 @@ def tokenizer():
     """The tiny Qwen3 model's tokenizer (the genuine Qwen3 tokenizer and chat template)."""
     from transformers import AutoTokenizer
 
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
     return AutoTokenizer.from_pretrained(tiny_qwen3_dir())

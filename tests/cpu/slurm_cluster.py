@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from recipe.nemo_gym_testing.helpers import processes_with_env
+from tests.support.helpers import processes_with_env
 
 MARKER = "NG_SLURM_TEST_CLUSTER"
 DAEMONS = ("munged", "slurmctld", "slurmd")

@@ -36,7 +36,7 @@ mkdir -p "$WORK_DIR"
 cd "$REPO_DIR"
 
 if [[ -z "${MODEL_PATH:-}" ]]; then
-    MODEL_PATH=$("$PY" -c 'from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir; print(tiny_qwen3_dir())')
+    MODEL_PATH=$("$PY" -c 'from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir; print(tiny_qwen3_dir())')
 fi
 
 # NeMo Gym's example rows, shipped in its wheel, get the agent that runs them (the rows carry none) and are

@@ -13,5 +13,8 @@
   its error shown last.
 
 The shell's only part is borrowing nodes: `ray_on_slurm.sh` starts Ray on every node of a Slurm allocation (or one
-local head), runs `launch run` on the head node, and tears the nodes down. The submit scripts chain the two.
+local head), runs `launch run` on the head node, and tears the nodes down. The submit scripts chain the two. Run
+without the bootstrap (no `RAY_ADDRESS`), `launch run` lets the trainer start a Ray of its own, in a temporary folder
+of the run; that is how the demo runs its job (`recipe/nemo_gym_demo/console.py`). `dry-run` and `ray-env` describe
+the job under the bootstrap.
 """

@@ -10,41 +10,51 @@ that record what they were given, `tests/cpu/e2e/test_slurm.py`); a user sets ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recipe.nemo_gym.errors import NeMoGymPluginError
 from recipe.nemo_gym.launch import checks
 from recipe.nemo_gym.launch.cluster import wait_for_nodes
-from recipe.nemo_gym.launch.compose import TRAINER_MODULE, Backend, Launch, compose
+from recipe.nemo_gym.launch.compose import CPU_DEFAULT_RAY_CPUS, TRAINER_MODULE, Backend, Launch, compose
 from recipe.nemo_gym.launch.job import Job, load_job
 from recipe.nemo_gym.launch.supervise import run_trainer, say
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CPU_BACKEND_MODULE = "recipe.nemo_gym_testing.cpu_training.overrides"
-"""Where the CPU backend's overrides and environment live. Imported by name: the deployed package imports nothing
-of the test-support package statically, and a GPU job never loads it."""
+CPU_BACKEND_MODULE = "recipe.nemo_gym.cpu_backend.overrides"
+"""Where the CPU backend's overrides and environment live; imported only by a `backend: cpu` job."""
 
 
-def backend_of(job: Job, environ: Mapping[str, str]) -> Backend:
+def backend_of(job: Job, environ: Mapping[str, str], own_ray: bool = False) -> Backend:
+    """The job's backend. With `own_ray` (`run` without a Ray cluster to join: no `RAY_ADDRESS` from the Ray
+    bootstrap) the CPU backend's trainer starts a private local Ray with its resources; otherwise, as every other
+    command describes the job, it joins the bootstrap's. A GPU trainer's own Ray counts the GPUs itself."""
     if job.backend == "gpu":
         return Backend()
     cpu = importlib.import_module(environ.get("NG_CPU_BACKEND_MODULE", CPU_BACKEND_MODULE))
     if job.cluster.gpus_per_node != 1:
         say(f"backend cpu: one logical GPU per node (cluster.gpus_per_node={job.cluster.gpus_per_node} ignored)")
-    return Backend(overrides=cpu.cpu_overrides(start_ray=False), environment=cpu.cpu_env(), gpus_per_node=1)
+    if own_ray:
+        overrides = cpu.cpu_overrides(start_ray=True, num_cpus=job.cluster.ray_num_cpus or CPU_DEFAULT_RAY_CPUS)
+    else:
+        overrides = cpu.cpu_overrides(start_ray=False)
+    return Backend(overrides=overrides, environment=cpu.cpu_env(), gpus_per_node=1)
 
 
-def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], dry_run: bool) -> Launch:
-    """Every check of `checks`, then the job composed. In a dry run a `Deferred` problem is only reported."""
+def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], command: str) -> Launch:
+    """Every check of `checks`, then the job composed for `command`. In a dry run a `Deferred` problem is only
+    reported."""
+    dry_run = command == "dry-run"
     checks.check_data(job)
     launch = compose(
         job,
-        backend_of(job, environ),
+        backend_of(job, environ, own_ray=command == "run" and not environ.get("RAY_ADDRESS")),
         REPO_ROOT,
         cli_overrides=overrides,
         wandb=bool(environ.get("WANDB_API_KEY")),
@@ -104,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     try:
         job = load_job(args.job, args.set, environ)
-        launch = prepare(job, args.overrides, environ, dry_run=args.command == "dry-run")
+        launch = prepare(job, args.overrides, environ, args.command)
     except (NeMoGymPluginError, ValueError) as e:
         say(f"ERROR: {e}")
         return 1
@@ -124,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(job: Job, launch: Launch, argv: list[str], environ: Mapping[str, str]) -> int:
-    """Wait for every node of the bootstrap's Ray cluster (when there is one: `RAY_ADDRESS`), then the trainer."""
+    """Wait for every node of the bootstrap's Ray cluster (when there is one: `RAY_ADDRESS`), then the trainer.
+    Without one the trainer starts its own Ray, in a temporary folder of this run (its `TMPDIR`: Ray's session,
+    vLLM's sockets, verl's locks), removed when the run has ended."""
     env = {**environ, **launch.environment}
     address = environ.get("RAY_ADDRESS")
     if address:
@@ -134,15 +146,23 @@ def run(job: Job, launch: Launch, argv: list[str], environ: Mapping[str, str]) -
         except NeMoGymPluginError as e:
             say(f"ERROR: {e}")
             return 1
+    elif job.backend == "cpu" and env.get("CUDA_VISIBLE_DEVICES") == "":
+        del env["CUDA_VISIBLE_DEVICES"]  # Ray refuses an empty one with a logical GPU; there is no GPU to hide
     say(f"starting the trainer ({job.experiment}, backend {job.backend}) against Ray at {address or 'its own'}")
-    outcome_file = environ.get("NG_OUTCOME_FILE")
-    if not outcome_file:
-        return run_trainer(argv, env, job.cluster.stop_grace_s)
-    lines: list[str] = []
-    try:
-        return run_trainer(argv, env, job.cluster.stop_grace_s, report=lines.append)
-    finally:  # the bootstrap prints these last, after it has stopped Ray
-        Path(outcome_file).write_text("".join(f"launch: {line}\n" for line in lines))
+    with contextlib.ExitStack() as stack:
+        if not address:
+            # Short: Ray's socket paths live under it. The bootstrap gives each job its own TMPDIR already.
+            env["TMPDIR"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="ngjob-", ignore_cleanup_errors=True)
+            )
+        outcome_file = environ.get("NG_OUTCOME_FILE")
+        if not outcome_file:
+            return run_trainer(argv, env, job.cluster.stop_grace_s)
+        lines: list[str] = []
+        try:
+            return run_trainer(argv, env, job.cluster.stop_grace_s, report=lines.append)
+        finally:  # the bootstrap prints these last, after it has stopped Ray
+            Path(outcome_file).write_text("".join(f"launch: {line}\n" for line in lines))
 
 
 if __name__ == "__main__":

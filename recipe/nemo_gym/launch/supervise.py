@@ -70,13 +70,21 @@ def run_trainer(
     started_at = time.time()
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     stopped_by: list[int] = []
-    kill_timer = threading.Timer(stop_grace_s, lambda: signal_group(proc.pid, signal.SIGKILL))
+    stop_started: list[float] = []
+    killed: list[bool] = []
+
+    def kill_group() -> None:
+        killed.append(True)
+        signal_group(proc.pid, signal.SIGKILL)
+
+    kill_timer = threading.Timer(stop_grace_s, kill_group)
     kill_timer.daemon = True
 
     def on_signal(signum: int, frame: object) -> None:
         if stopped_by:
             return  # one stop at a time; it is bounded
         stopped_by.append(signum)
+        stop_started.append(time.monotonic())
         name = signal.Signals(signum).name
         say(f"{name} received: SIGINT to the trainer, its group killed after {stop_grace_s:.0f} s")
         with contextlib.suppress(ProcessLookupError):
@@ -100,6 +108,10 @@ def run_trainer(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         proc.wait()
+        if killed:
+            say(f"the trainer did not stop within {stop_grace_s:.0f} s of SIGINT; its process group was killed")
+        elif stopped_by:
+            say(f"the trainer stopped {time.monotonic() - stop_started[0]:.1f} s after SIGINT")
     finally:
         kill_timer.cancel()
         for sig, handler in previous.items():
@@ -113,18 +125,22 @@ def run_trainer(
             say(f"removed {path} (left by vLLM or verl, held by no process)")
     status = exit_status(proc.returncode, stopped_by[0] if stopped_by else None)
     cause = failure_cause("".join(tail)) if proc.returncode > 0 and not stopped_by else None
-    for line in outcome_lines(status, stopped_by[0] if stopped_by else None, str(cause) if cause else None):
+    killed_by = -proc.returncode if proc.returncode < 0 and not stopped_by else None
+    for line in outcome_lines(status, stopped_by[0] if stopped_by else None, str(cause) if cause else None, killed_by):
         report(line)
     return status
 
 
-def outcome_lines(status: int, stopped_by: int | None, cause: str | None) -> list[str]:
-    """How the job ended, as its output's last lines: the status, and a failed trainer's error."""
+def outcome_lines(status: int, stopped_by: int | None, cause: str | None, killed_by: int | None = None) -> list[str]:
+    """How the job ended, as its output's last lines: the status, and a failed trainer's error (or the signal that
+    killed it)."""
     if status == 0:
         return ["training finished"]
     if stopped_by is not None:
         return [f"the job was stopped by {signal.Signals(stopped_by).name} (exit status {status})"]
+    if killed_by is not None:
+        return [f"the trainer was killed by {signal.Signals(killed_by).name} (exit status {status})"]
     if cause is None:
         return [f"the trainer failed (exit status {status})"]
-    lines = [f"the trainer failed (exit status {status}); its error (the whole output is above):"]
+    lines = [f"the trainer failed (exit status {status}); its error, from the end of its output:"]
     return lines + [f"  {line}" for line in cause.splitlines()]

@@ -8,7 +8,7 @@ command (`external_gym.py`; offline venv links are the one difference) running `
 scripted tool call and answer (log-probs the model's own), the manager publishes the rollout server's address in
 Gym's endpoint file, and the trainer updates the weights the next step's rollout uses. Once step 2 is logged the
 test SIGKILLs the job's `vLLMHttpServer` actor (the policy server): the plugin's fault, as users meet it, injected
-into a running `main_ppo`, with the job runner's console after it.
+into a running `main_ppo` run through the launcher, with the demo's console after it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import tools_and_games_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.job import JobSpec, run_job
-from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
-from recipe.nemo_gym_testing.external_gym import ExternalGym
-from recipe.nemo_gym_testing.helpers import free_port, kill_processes_with_env, processes_with_env
+from recipe.nemo_gym_demo.console import JobSpec, run_job
+from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, example_rows, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.episodes import tools_and_games_policy
+from tests.support.engine import scripted_overrides
+from tests.support.external_gym import ExternalGym
+from tests.support.helpers import free_port, kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -50,7 +50,7 @@ def script():
 
 def rows() -> list[dict]:
     """One weather row and one uppercase row per batch of 2 (data.shuffle=false), for three steps."""
-    weather = harness.example_rows([WEATHER])
+    weather = example_rows([WEATHER])
     uppercase = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
     for row in uppercase:
         row["responses_create_params"]["max_output_tokens"] = 16
@@ -58,8 +58,8 @@ def rows() -> list[dict]:
 
 
 class KillPolicyAfterStep2:
-    """The job runner's console: printed and kept; once it shows step 2, the job's policy server is SIGKILLed (step
-    3 then needs it)."""
+    """The demo's console (`recipe/nemo_gym_demo/console.py`): printed and kept; once it shows step 2, the job's
+    policy server is SIGKILLed (step 3 then needs it)."""
 
     def __init__(self, marker: str):
         self.marker = marker
@@ -82,7 +82,7 @@ def run(tmp_path_factory):
     )
     try:
         before = gym.pids()
-        train = harness.write_jsonl(rows(), out / "train.jsonl")
+        train = write_jsonl(rows(), out / "train.jsonl")
         plugin = out / "attach.yaml"
         plugin.write_text(
             f"nemo_gym:\n  attach:\n    head_server_url: {gym.url}\n"
@@ -102,8 +102,7 @@ def run(tmp_path_factory):
             response_length=256,
             lr=1e-2,
             val_before_train=False,
-            script_file=script().to_file(out / "script.json"),
-            extra_overrides=("data.shuffle=false",),
+            extra_overrides=(*scripted_overrides(script().to_file(out / "script.json")), "data.shuffle=false"),
         )
         console = KillPolicyAfterStep2(str(out))
         os.environ[MARKER] = console.marker  # the job's processes inherit it; the attached Gym started before
@@ -134,17 +133,18 @@ def test_main_ppo_trains_two_steps_against_an_attached_gym(run):
 
 def test_a_policy_server_killed_while_training_ends_the_job_naming_it_and_leaves_nothing(run):
     spec, result, _, _, _, console = run
-    assert result.returncode == 1 and [s["step"] for s in result.steps] == [1, 2], console.lines
-    tail = console.lines[-8:]
-    failed = next(i for i, line in enumerate(tail) if line.startswith("main_ppo failed with exit status 1"))
-    assert tail[-1] == f"full log: {spec.log_file}", console.lines
-    cause = "\n".join(tail[failed + 1 : -1])
+    assert result.exit_status == 1 and [s["step"] for s in result.steps] == [1, 2], console.lines
+    # The launcher's last lines, then the log: its error is the launcher's report, shown on the console as it came.
+    failed = console.lines.index("launch: the trainer failed (exit status 1); its error, from the end of its output:")
+    assert console.lines[-1] == f"full log: {spec.log_file}", console.lines
+    cause = result.cause
+    assert cause == "\n".join(line.removeprefix("launch: ") for line in console.lines[failed + 1 : -1])
     # Whoever notices first names it: the manager's health probes (RolloutAborted naming the URL), or verl, whose
     # call to the server actor fails (Ray's ActorDiedError naming the actor's class); both were seen.
     named_by_manager = cause.startswith("  RolloutAborted: policy server(s) ['http://") and "unreachable" in cause
     named_by_ray = cause.startswith("  ActorDiedError: The actor died") and f"class_name: {POLICY_SERVER}" in cause
     assert named_by_manager or named_by_ray, console.lines
-    deadline = time.monotonic() + 20  # the runner waited for the trainer's process group; the rest must follow
+    deadline = time.monotonic() + 20  # the launcher waited for the trainer's process group; the rest must follow
     while (left := processes_with_env(MARKER, console.marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert [" ".join(p.cmdline()[:4]) for p in left if p.is_running()] == []
@@ -152,7 +152,7 @@ def test_a_policy_server_killed_while_training_ends_the_job_naming_it_and_leaves
 
 def test_the_attached_gym_outlives_the_trainer(run):
     _, result, gym, before, after, _ = run
-    assert result.returncode == 1  # failed, once its policy server was killed
+    assert result.exit_status == 1  # failed, once its policy server was killed
     assert after == before  # no process of the attached Gym was stopped, and none was added
     from recipe.nemo_gym.gym.over_http.client import HeadClient
 

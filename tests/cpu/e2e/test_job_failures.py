@@ -1,18 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Faults injected into running training jobs, and what the user then sees on the console.
 
-Each test starts the CPU job runner as a user's job runs (`python -m recipe.nemo_gym_testing.cpu_training.job
-SPEC.json`: verl's real `main_ppo`, verl's vLLM rollout on vLLM's CPU build, NeMo Gym 0.7's real servers with the
-uppercase_share environment), injects one fault, and asserts the exit status and the console's last lines: they
-must name what failed and why, and the log file for the rest. After every job nothing of it may be left: no
-process (found by a marker in the environment every process of the job inherits) and no temporary folder of the
-run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no validation. The job runner's own
-semantics (Ctrl-C, a trainer killed by a signal, a second job refused on a folder in use, a finished run's last
-line) are tested against a stand-in that behaves like `main_ppo` for the runner (`cpu_training/stand_in_trainer.py`);
-the plugin's own faults, against the real trainer: bad rows here. The other faults are injected into training runs
-that other modules make anyway: a NeMo Gym server killed in `test_slurm.py`'s real job (under Slurm), the policy
-server killed in `test_attach_training.py`'s run (with this runner's console); the failure-neutral step (a failed
-episode changes no statistic) is carried by `test_main_ppo.py`'s run.
+Each test starts a job as the demo runs its job (`python -m recipe.nemo_gym_demo.console SPEC.json`: the job file
+written, then `python -m recipe.nemo_gym.launch run` on it: verl's real `main_ppo`, verl's vLLM rollout on vLLM's CPU
+build, NeMo Gym 0.7's real servers with the uppercase_share environment), injects one fault, and asserts the exit
+status and the console's last lines: they must name what failed and why, and the log file for the rest. After every
+job nothing of it may be left: no process (found by a marker in the environment every process of the job inherits)
+and no temporary folder of the run. A small job: one environment, 2 prompts x 2 samples, 8-token answers, no
+validation. The launcher's own semantics as the console shows them (Ctrl-C, a trainer killed by a signal, a second
+job refused on a folder in use, a finished run's last line) are tested against a stand-in that behaves like
+`main_ppo` for the launcher (`tests/support/stand_in_trainer.py`); the plugin's own faults, against the real
+trainer: bad rows here. The other faults are injected into training runs that other modules make anyway: a NeMo Gym
+server killed in `test_slurm.py`'s real job (under Slurm), the policy server killed in `test_attach_training.py`'s
+run (with this console); the failure-neutral step (a failed episode changes no statistic) is carried by
+`test_main_ppo.py`'s run.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT, JobSpec, spec_to_json
-from recipe.nemo_gym_testing.cpu_training.stand_in_trainer import FINISH_FILE_ENV
-from recipe.nemo_gym_testing.demo import UPPERCASE_ROWS
-from recipe.nemo_gym_testing.helpers import kill_processes_with_env, processes_with_env
+from recipe.nemo_gym_demo.console import REPO_ROOT, JobSpec, spec_to_json
+from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.helpers import kill_processes_with_env, processes_with_env
+from tests.support.stand_in_trainer import FINISH_FILE_ENV
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
 
@@ -88,8 +88,8 @@ def _spec(tmp_path: Path, plugin_yaml: Path, train: Path, *, steps: int = 1, out
 
 
 class RunningJob:
-    """The job runner in a process of its own (its own process group, as a terminal's foreground job), its console
-    collected line by line."""
+    """The demo's console (and under it the launcher and the trainer) in a process of its own (its own process
+    group, as a terminal's foreground job), its console collected line by line."""
 
     def __init__(self, spec: JobSpec, tag: str, env: dict[str, str] | None = None):
         self.spec = spec
@@ -99,7 +99,7 @@ class RunningJob:
         env = {**os.environ, **(env or {}), MARKER: f"{spec.out_dir}:{tag}"}
         self.marker = env[MARKER]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recipe.nemo_gym_testing.cpu_training.job", str(spec_file)],
+            [sys.executable, "-m", "recipe.nemo_gym_demo.console", str(spec_file)],
             cwd=REPO_ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -134,7 +134,7 @@ class RunningJob:
         return "\n".join(self.lines)
 
     def left_behind(self) -> list[str]:
-        """Processes of this job still alive a few seconds after it ended (the job runner waits for its trainer's
+        """Processes of this job still alive a few seconds after it ended (the launcher waits for its trainer's
         process group; NeMo Gym's servers stop with their watchdog)."""
         deadline = time.monotonic() + 20
         while (left := processes_with_env(MARKER, self.marker)) and time.monotonic() < deadline:
@@ -157,14 +157,14 @@ def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_a
     assert job.finish() == 1, job.console()
     lines = job.lines
     assert not any(line.startswith("step ") for line in lines), job.console()  # nothing trained
-    cause = lines[lines.index(next(line for line in lines if line.startswith("main_ppo failed"))) :]
-    assert cause[0].startswith("main_ppo failed with exit status 1 after "), job.console()
+    cause = lines[lines.index("launch: the trainer failed (exit status 1); its error, from the end of its output:") :]
     # verl's val_files is the same file: it is read once, and each bad row listed once (not once per sample).
     assert cause[1] == (
-        f"  DataFilesError: 2 of 32 rows in {train} cannot be trained on; nothing was trained. Fix or remove them:"
+        f"launch:   DataFilesError: 2 of 32 rows in {train} cannot be trained on; nothing was trained. Fix or remove "
+        "them:"
     ), job.console()
-    assert cause[2].startswith(f"    {train}:7: invalid JSON: ")
-    assert cause[3] == f"    {train}:12: row has no 'responses_create_params' object"
+    assert cause[2].startswith(f"launch:     {train}:7: invalid JSON: ")
+    assert cause[3] == f"launch:     {train}:12: row has no 'responses_create_params' object"
     assert cause[-1] == f"full log: {job.spec.log_file}"
     # Refused as verl built its dataset: no worker, vLLM server or NeMo Gym was started.
     log = job.spec.log_file.read_text(errors="replace")
@@ -173,14 +173,14 @@ def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_a
     assert _job_temp_folders() <= before
 
 
-STAND_IN = "recipe.nemo_gym_testing.cpu_training.stand_in_trainer"
+STAND_IN = "tests.support.stand_in_trainer"
 
 
 def _stand_in_spec(tmp_path: Path, plugin_yaml: Path) -> JobSpec:
-    """The job runner's own semantics need no training: a process that behaves like `main_ppo` for the runner (its
+    """The launcher's own semantics need no training: a process that behaves like `main_ppo` for the launcher (its
     own process group with a child, a file in its TMPDIR, the manager's ready line, verl's way of stopping on
     SIGINT) stands in for the trainer (`stand_in_trainer.py`)."""
-    train = harness.write_jsonl(_rows(8), tmp_path / "train.jsonl")
+    train = write_jsonl(_rows(8), tmp_path / "train.jsonl")
     return dataclasses.replace(_spec(tmp_path, plugin_yaml, train, steps=4), trainer_module=STAND_IN)
 
 
@@ -188,16 +188,14 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
     before = _job_temp_folders()
     job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "ctrl-c")
     job.wait_for_log(READY)
-    os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the job runner's process group
+    os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the console's process group
     assert job.finish() == 130, job.console()
     assert "Traceback" not in job.console()
-    assert job.lines[-2] == "main_ppo: SIGINT received; stopping the trainer (SIGINT, then SIGKILL after 30 s)"
-    assert job.lines[-1].startswith("main_ppo stopped by SIGINT after ")
-    assert job.lines[-1].endswith(f"(exit status 130); log: {job.spec.log_file}")
+    assert job.lines[-4] == "launch: SIGINT received: SIGINT to the trainer, its group killed after 30 s"
     # The trainer itself got SIGINT and stopped within the grace period (no SIGKILL needed), and its child with it.
-    log = job.spec.log_file.read_text().splitlines()
-    stopped = [line for line in log if line.startswith("job runner: the trainer")]
-    assert len(stopped) == 1 and stopped[0].endswith(" s after SIGINT"), stopped
+    assert job.lines[-3].startswith("launch: the trainer stopped ") and job.lines[-3].endswith(" s after SIGINT")
+    assert job.lines[-2] == "launch: the job was stopped by SIGINT (exit status 130)"
+    assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []
     assert _job_temp_folders() <= before
 
@@ -208,10 +206,9 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     job.wait_for_log(READY)
     assert kill_processes_with_env(MARKER, job.marker, STAND_IN), "no trainer process found"
     assert job.finish() == 137, job.console()
-    assert job.lines[-2].startswith("main_ppo was killed by SIGKILL after "), job.console()
-    assert "(exit status 137)" in job.lines[-2]
+    assert job.lines[-2] == "launch: the trainer was killed by SIGKILL (exit status 137)", job.console()
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
-    assert job.left_behind() == []  # the killed trainer's child too: the runner stops the whole group
+    assert job.left_behind() == []  # the killed trainer's child too: the launcher stops the whole group
     assert _job_temp_folders() <= before
 
 
@@ -229,13 +226,14 @@ def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(
         "or give this job another output folder"
     ), second.console()
     assert refused_in < 60, refused_in  # before any trainer start-up
-    for name, digest in written.items():  # the plugin YAML and the command are the first job's still
+    for name, digest in written.items():  # the job file and the plugin YAML are the first job's still
         if name != "main_ppo.log":
             assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
     assert first.proc.poll() is None  # the refusal did not touch the running job
     finish.touch()
     assert first.finish(timeout_s=120) == 0, first.console()
     assert "step 1 | reward stand_in_simple_agent=1.000" in first.lines, first.console()
+    assert first.lines[-2] == "launch: training finished", first.console()
     assert first.lines[-1].startswith("main_ppo finished in "), first.console()
     assert first.lines[-1].endswith(f" s; metrics: {first.spec.metrics_file}; log: {first.spec.log_file}")
     assert "is in use by another job" not in first.spec.log_file.read_text()  # the refusal wrote nothing there

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """verl's real `python -m verl.trainer.main_ppo` trains through the plugin on CPU (the product, end to end).
 
-One module-scoped run of the CPU training backend (`recipe.nemo_gym_testing.cpu_training`): validation before
+One module-scoped run of the CPU training backend (`recipe.nemo_gym.cpu_backend`): validation before
 training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls), math
 (scripted answers) and uppercase_share (answers sampled by the model), a checkpoint after step 2, then a second
 `main_ppo` that resumes from it and trains step 3. Every check reads verl's own logged metrics or its
@@ -43,12 +43,12 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.job import JobSpec, environments, run_job
-from recipe.nemo_gym_testing.demo import BLEND, UPPERCASE_ROWS
-from recipe.nemo_gym_testing.helpers import GYM_ENVS, processes_with_env
+from recipe.nemo_gym_demo.console import JobSpec, environments, run_job
+from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.episodes import example_episodes_policy
+from tests.support.engine import scripted_overrides
+from tests.support.helpers import GYM_ENVS, processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
@@ -76,14 +76,14 @@ def ordered_rows() -> list[dict]:
     """12 rows, in order (data.shuffle=false): the batches of 4 of steps 1 and 2 hold one workplace, one math, two
     uppercase rows each; step 3's (the resumed run's) a workplace row, an uppercase row and `fail_on_request`'s
     FAIL_ONCE and FAIL_FIRST_OF_2 rows."""
-    examples = harness.example_rows()
+    examples = example_rows()
     workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
     math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
     uppercase = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()]
     for row in uppercase:
         row["responses_create_params"]["max_output_tokens"] = UPPERCASE_ANSWER_TOKENS
     # Only the tools the scripted episodes call (the prompt shrinks from ~4,100 to ~500 tokens).
-    workplace = [harness.with_tools(r, SCRIPTED_TOOLS) for r in workplace]
+    workplace = [with_tools(r, SCRIPTED_TOOLS) for r in workplace]
     carlos = next(r for r in workplace if "carlos" in json.dumps(r).lower())
     other = next(r for r in workplace if r is not carlos)
     flaky = [
@@ -118,8 +118,8 @@ def blend_with_flaky_server(path: Path) -> Path:
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("main_ppo")
     rows = ordered_rows()
-    train = harness.write_jsonl(rows, out / "train.jsonl")
-    val = harness.write_jsonl([rows[0], rows[1]], out / "val.jsonl")
+    train = write_jsonl(rows, out / "train.jsonl")
+    val = write_jsonl([rows[0], rows[1]], out / "val.jsonl")
     script = ci_script().to_file(out / "script.json")
     spec = JobSpec(
         out_dir=out / "job",
@@ -135,8 +135,7 @@ def runs(tmp_path_factory):
         lr=1e-2,
         save_freq=2,
         val_before_train=True,
-        script_file=script,
-        extra_overrides=("data.shuffle=false",),
+        extra_overrides=(*scripted_overrides(script), "data.shuffle=false"),
     )
     started = time.time()
     with pytest.MonkeyPatch.context() as patch:
@@ -156,8 +155,8 @@ def _training_steps(result) -> list[dict]:
 
 def test_main_ppo_trains_two_steps_and_resumes_with_exit_code_zero(runs):
     spec, first, second, _, _ = runs
-    assert first.returncode == 0, f"main_ppo failed: {first.cause}; see {spec.log_file}"
-    assert second.returncode == 0, f"resumed main_ppo failed: {second.cause}; see {spec.log_file}"
+    assert first.exit_status == 0, f"main_ppo failed: {first.cause}; see {spec.log_file}"
+    assert second.exit_status == 0, f"resumed main_ppo failed: {second.cause}; see {spec.log_file}"
     assert [s["step"] for s in first.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     assert [s["step"] for s in second.steps if "actor/grad_norm" in s["data"]] == [3]
 

@@ -15,7 +15,7 @@ saying what is missing and how to install it; NG_SLURM_TESTS=skip turns that int
   authentication; the job COMPLETES, or FAILS with a failing trainer's status and its error last, or is CANCELLED by
   scancel: each time nothing of it is left running;
 - `sbatch submit_multienv.sh` with a `backend: cpu` job for real: verl's main_ppo trains step 1 through the CPU
-  backend (recipe.nemo_gym_testing.cpu_training) with NeMo Gym's math and workplace environments; then the math
+  backend (recipe.nemo_gym.cpu_backend) with NeMo Gym's math and workplace environments; then the math
   server is killed, and the job FAILS, its output ending with the cause that names that server, and leaves no Ray,
   NeMo Gym or trainer process and nothing in /dev/shm or /tmp behind. (A job that COMPLETES is the stand-in
   trainer's case above; a real main_ppo finishing is `test_main_ppo.py`'s.)
@@ -42,14 +42,13 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import TESTS_CPU, processes_with_env, set_keys
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.helpers import TESTS_CPU, processes_with_env, set_keys
 
 pytestmark = pytest.mark.integration
 
 VENV = Path(sys.executable).parent.parent
 SUBMIT = REPO / "submit_multienv.sh"
-CPU_BACKEND = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
 JOB_MARKER = "NG_SLURM_TEST_JOB"
 
 
@@ -273,8 +272,6 @@ def test_batch_job_with_a_step_completes(slurm, tmp_path):
 
 @pytest.mark.parametrize("backend", ["gpu", "cpu"])
 def test_dry_run_job_prints_the_trainer_command_from_inside_the_job(slurm, tmp_path, ray_temp_dir, backend):
-    if backend == "cpu" and not CPU_BACKEND.exists():
-        pytest.skip(f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree")
     job = write_job(tmp_path, ray_temp_dir, backend=backend)
     python = str(VENV / "bin" / "python")
     record, log, left = submit(slurm, tmp_path, SUBMIT, timeout_s=120, JOB=str(job), DRY_RUN="1", PYTHON=python)
@@ -393,7 +390,7 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         assert record["JobState"] == "FAILED" and record["ExitCode"] == "3:0", failure
         # The job's output ends with the trainer's error, after the bootstrap has stopped Ray.
         assert log.rstrip().splitlines()[-2:] == [
-            "launch: the trainer failed (exit status 3); its error (the whole output is above):",
+            "launch: the trainer failed (exit status 3); its error, from the end of its output:",
             "launch:   RuntimeError: stub trainer: the cause a user must see",
         ], failure
     else:
@@ -429,7 +426,7 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
 def write_blend(tmp_path: Path, rows_per_env: int) -> Path:
     """NeMo Gym's example rows (from its wheel) for math and the workplace assistant, each with its agent,
     interleaved: the blend submit_multienv.sh trains on."""
-    from recipe.nemo_gym_testing.cpu_policy.harness import with_tools
+    from recipe.nemo_gym_demo.data import with_tools
 
     roots = [Path(p) for p in importlib.util.find_spec("resources_servers").submodule_search_locations]
     sources = {
@@ -479,11 +476,7 @@ def kill_after_step_1(cluster, job_log: Path, server: str, timeout_s: float = 12
 def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job_naming_it(
     slurm, tmp_path, ray_temp_dir
 ):
-    if not CPU_BACKEND.exists():
-        pytest.skip(
-            f"the CPU backend ({CPU_BACKEND.relative_to(REPO)}) is not in this tree; this test runs the real job"
-        )
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
     blend = write_blend(tmp_path, rows_per_env=3)  # 3 steps of one math and one workplace row
     job = write_job(

@@ -21,12 +21,13 @@ import pytest
 
 from recipe.nemo_gym.failures import EpisodeFailure
 from recipe.nemo_gym.token_fields import TOKEN_FIELDS
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import tools_and_games_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
-from recipe.nemo_gym_testing.external_gym import ExternalGym
-from recipe.nemo_gym_testing.helpers import alive, free_port
+from recipe.nemo_gym_demo.data import example_rows, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.episodes import tools_and_games_policy
+from tests.support.engine.standalone import init_local_ray, standalone_overrides, verl_rollout
+from tests.support.external_gym import ExternalGym
+from tests.support.helpers import alive, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -42,8 +43,8 @@ def setup(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("attach")
     model_dir = tiny_qwen3_dir()
-    rows = harness.example_rows([WEATHER])[:2]
-    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    rows = example_rows([WEATHER])[:2]
+    data = write_jsonl(rows, tmp / "rows.jsonl")
     gym = ExternalGym.start(tmp / "gym", [WEATHER_CONFIG], model_name=str(model_dir), port=free_port())
     # The shipped attach config, as a user runs it (the child of the SIGKILL test inherits the variable).
     os.environ["NEMO_GYM_HEAD_SERVER_URL"] = gym.url
@@ -130,7 +131,7 @@ import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-from recipe.nemo_gym_testing.cpu_policy import harness
+from tests.support.cpu_policy import harness
 
 plugin, data, address, model_dir, marker = sys.argv[1:6]
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -23,14 +23,14 @@ import pytest
 import torch
 
 from recipe.nemo_gym.process_group import live_members
-from recipe.nemo_gym_testing.cpu_policy.episodes import SERVER_TEST_TOOL_CALL as TOOL_CALL_TEXT
-from recipe.nemo_gym_testing.cpu_policy.episodes import server_test_policy
-from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.script import default_logprob
-from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import SharedStack
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.episodes import SERVER_TEST_TOOL_CALL as TOOL_CALL_TEXT
+from tests.support.cpu_policy.episodes import server_test_policy
+from tests.support.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from tests.support.cpu_policy.qwen3 import ENDOFTEXT, IM_END, WEATHER_TOOL
+from tests.support.cpu_policy.script import default_logprob
+from tests.support.cpu_policy.server import CPUPolicyServer, CPUPolicyServerError
+from tests.support.helpers import SharedStack
 
 pytestmark = pytest.mark.integration
 

@@ -29,10 +29,11 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage
 from verl.utils.config import omega_conf_to_dataclass
 
 from recipe.nemo_gym.token_fields import TOKEN_FIELDS
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import example_episodes_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import SharedStack, math_row
+from recipe.nemo_gym_demo.data import example_rows, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.episodes import example_episodes_policy
+from tests.support.helpers import SharedStack, math_row
 
 pytestmark = pytest.mark.integration
 
@@ -65,8 +66,8 @@ def stacks(tmp_path_factory, shared_engine, gym_environment):
     def start():
         tmp = tmp_path_factory.mktemp("e2e")
         model_dir = tiny_qwen3_dir()
-        rows = harness.example_rows(environment=gym_environment)
-        data = harness.write_jsonl(rows + list(EXTRA_ROWS.values()), tmp / "rows.jsonl")
+        rows = example_rows(environment=gym_environment)
+        data = write_jsonl(rows + list(EXTRA_ROWS.values()), tmp / "rows.jsonl")
         plugin = MULTIENV
         if gym_environment is not None:  # the shipped blend, run from that environment
             blend = yaml.safe_load(MULTIENV.read_text())

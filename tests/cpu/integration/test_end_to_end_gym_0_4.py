@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 
 def _end_to_end_module():

@@ -19,10 +19,10 @@ import pytest
 
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.gym.owned.launch import OwnedGym
-from recipe.nemo_gym_testing.gym_runtime import collect_blocking, policy_servers, start_gym
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import ChatCompletionStub, chat_completion, free_port, math_row
-from recipe.nemo_gym_testing.uppercase_share import AGENT, ENV_DIR, REWARD_CASES, verify_body
+from tests.support.gym_runtime import collect_blocking, policy_servers, start_gym
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.helpers import ChatCompletionStub, chat_completion, free_port, math_row
+from tests.support.uppercase_share import AGENT, ENV_DIR, REWARD_CASES, verify_body
 
 pytestmark = pytest.mark.integration
 

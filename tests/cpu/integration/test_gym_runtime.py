@@ -36,9 +36,9 @@ from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import episode_from_result
-from recipe.nemo_gym_testing.gym_runtime import MATH_CONFIG as MATH
-from recipe.nemo_gym_testing.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
-from recipe.nemo_gym_testing.gym_runtime import (
+from tests.support.gym_runtime import MATH_CONFIG as MATH
+from tests.support.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
+from tests.support.gym_runtime import (
     PolicyStub,
     collect_blocking,
     gym_config,
@@ -46,8 +46,8 @@ from recipe.nemo_gym_testing.gym_runtime import (
     policy_servers,
     start_gym,
 )
-from recipe.nemo_gym_testing.gym_runtime import stub_math_row as math_row
-from recipe.nemo_gym_testing.helpers import (
+from tests.support.gym_runtime import stub_math_row as math_row
+from tests.support.helpers import (
     GYM_ENVS,
     REPO_ROOT,
     SharedStack,
@@ -125,7 +125,7 @@ def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(
 CHILD = """
 import os, signal, sys, threading, time
 from pathlib import Path
-from recipe.nemo_gym_testing.gym_runtime import gym_config, policy_servers, start_gym
+from tests.support.gym_runtime import gym_config, policy_servers, start_gym
 
 port, tmp, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 config = gym_config(

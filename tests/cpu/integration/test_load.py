@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY, derive_connection_limits, server_soft_limit
-from recipe.nemo_gym_testing.helpers import REPO_ROOT, alive, free_port, nemo_gym_processes
+from tests.support.helpers import REPO_ROOT, alive, free_port, nemo_gym_processes
 
 pytestmark = pytest.mark.integration
 
@@ -155,8 +155,8 @@ from pathlib import Path
 import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
 tmp, ray_address, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 config = harness.compose_verl_config(

@@ -30,11 +30,12 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym.data_check import DataFilesError
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
-from recipe.nemo_gym_testing.helpers import alive, free_port, math_row, nemo_gym_processes
+from recipe.nemo_gym_demo.data import write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
+from tests.support.engine.script_choice import scripted_row
+from tests.support.helpers import alive, free_port, math_row, nemo_gym_processes
 
 CHILD = r"""
 import json, sys
@@ -43,7 +44,7 @@ from pathlib import Path
 import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
-from recipe.nemo_gym_testing.cpu_policy import harness
+from tests.support.cpu_policy import harness
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 
 tmp, address, model_dir, mode, ray_dir = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
@@ -138,7 +139,7 @@ def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool
     port = free_port()
     write_plugin_yaml(tmp_path / "plugin.yaml", port, tmp_path / "gym_logs" if log_dir else None)
     rows = [scripted_row(math_row(q), script_file) for q in ("What is 2+2?", "What is 3+1?")]
-    harness.write_jsonl(rows, tmp_path / "rows.jsonl")
+    write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box
     argv = [sys.executable, "-c", CHILD, str(tmp_path), address, str(model_dir), mode]
@@ -210,7 +211,7 @@ def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and
     port = free_port()
     plugin = write_plugin_yaml(tmp_path / "plugin.yaml", port)
     unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
-    data = harness.write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
+    data = write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
     sizes = {"prompt_length": 1024, "response_length": 64, "n": 1, "batch_size": 2}
     overrides = [
         *harness.cpu_trainer_overrides(tiny_qwen3_dir(), plugin, **sizes),

@@ -17,9 +17,10 @@ import pytest
 
 from recipe.nemo_gym.failures import EpisodeFailure
 from recipe.nemo_gym.token_fields import TOKEN_FIELDS
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.episodes import tools_and_games_policy
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.data import write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.episodes import tools_and_games_policy
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,7 @@ def example_rows() -> list[dict]:
 def episodes(tmp_path_factory, shared_engine):
     tmp = tmp_path_factory.mktemp("more_envs")
     rows = example_rows()
-    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    data = write_jsonl(rows, tmp / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         tiny_qwen3_dir(), CONFIG, prompt_length=2048, response_length=512, n=N, batch_size=len(rows)
     )

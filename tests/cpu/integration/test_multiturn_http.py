@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """A 4-turn episode over HTTP: NeMo Gym's real training model server against verl's real vLLM server.
 
-verl's own vLLM rollout runs standalone on vLLM's CPU build (`cpu_training/standalone.py`): a `vLLMHttpServer` Ray
-actor serving vLLM's OpenAI app, with the splice patch armed in it by `VERL_USE_EXTERNAL_MODULES` (as on a GPU
-node), the qwen3 reasoning parser and the hermes tool parser, and a scripted policy forced inside the engine
-(`cpu_training/scripted_logits.py`). NeMo Gym's `responses_api_models/vllm_model` app is built in this process from
-its shipped training config (`vllm_model_for_training.yaml`: `return_token_id_information: true`,
-`uses_reasoning_parser: true`) and driven through `/v1/responses` the way an agent drives it: each turn's output
-items go back as input.
+verl's own vLLM rollout runs standalone on vLLM's CPU build (`tests/support/engine/standalone.py`): a
+`vLLMHttpServer` Ray actor serving vLLM's OpenAI app, with the splice patch armed in it by
+`VERL_USE_EXTERNAL_MODULES` (as on a GPU node), the qwen3 reasoning parser and the hermes tool parser, and a scripted
+policy forced inside the engine (`tests/support/engine/scripted_logits.py`). NeMo Gym's
+`responses_api_models/vllm_model` app is built in this process from its shipped training config
+(`vllm_model_for_training.yaml`: `return_token_id_information: true`, `uses_reasoning_parser: true`) and driven through
+`/v1/responses` the way an agent drives it: each turn's output items go back as input.
 
 Last, on the same server, the plugin's manager over NeMo Gym's math servers: the server dies (its actor killed)
 while a batch's requests wait on it, held by vLLM's `/pause`, and the batch is aborted naming it. The module owns
@@ -24,19 +24,20 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.script import (
+from recipe.nemo_gym_demo.data import write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.qwen3 import ENDOFTEXT, WEATHER_TOOL
+from tests.support.cpu_policy.qwen3 import IM_END as EOS
+from tests.support.cpu_policy.script import (
     ScriptCompletion,
     ScriptedPolicy,
     ScriptMatch,
     ScriptRule,
     char_split,
 )
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
-from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row
+from tests.support.engine.standalone import init_local_ray, standalone_overrides, verl_rollout
+from tests.support.helpers import SharedStack, free_port, math_row
 
 pytestmark = pytest.mark.integration
 
@@ -311,7 +312,7 @@ nemo_gym:
 timeouts: {{startup_s: 600, batch_s: 300, health_check_interval_s: 1}}
 """
     )
-    data = harness.write_jsonl([math_row("What is 2+2?"), math_row("What is 3+1?")], tmp_path / "rows.jsonl")
+    data = write_jsonl([math_row("What is 2+2?"), math_row("What is 3+1?")], tmp_path / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         tiny_qwen3_dir(), plugin, prompt_length=2048, response_length=512, n=1, batch_size=2
     )

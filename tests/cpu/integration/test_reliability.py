@@ -33,13 +33,14 @@ import torch
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureBudgetExceeded, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
 from recipe.nemo_gym.gym.over_http.health import PolicyWatch, ProbeResult, probe_policy_server
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import MATH_AGENT as MATH
-from recipe.nemo_gym_testing.helpers import WORKPLACE_AGENT as WORKPLACE
-from recipe.nemo_gym_testing.helpers import SharedStack, free_port, math_row, workplace_row
+from recipe.nemo_gym_demo.data import write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.cpu_policy.qwen3 import IM_END as EOS
+from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from tests.support.helpers import MATH_AGENT as MATH
+from tests.support.helpers import WORKPLACE_AGENT as WORKPLACE
+from tests.support.helpers import SharedStack, free_port, math_row, workplace_row
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +237,7 @@ failures: {{max_fraction: 0.05}}
 def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
     """The model, the trainer overrides and the rows file every stack of this module is built from."""
     model_dir = tiny_qwen3_dir()
-    data = harness.write_jsonl(list(ROWS.values()), folder / "rows.jsonl")
+    data = write_jsonl(list(ROWS.values()), folder / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         model_dir,
         _plugin_yaml(folder),

@@ -20,11 +20,11 @@ import sys
 import pytest
 
 from recipe.nemo_gym.server_patch.template import EOS_OVERRIDE_ENV, TemplateWithoutTerminatorError
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.vllm_render import (
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.qwen3 import ENDOFTEXT
+from tests.support.cpu_policy.qwen3 import IM_END as EOS
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.vllm_render import (
     assistant,
     build_render_serving,
     chat_ids,

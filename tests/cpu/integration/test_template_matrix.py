@@ -42,10 +42,10 @@ from recipe.nemo_gym.server_patch.template import (
     TokenizerRoundTripError,
 )
 from recipe.nemo_gym.splice.carriers import SpliceError
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.helpers import release_cached_memory
-from recipe.nemo_gym_testing.vllm_render import build_render_serving
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.qwen3 import WEATHER_TOOL
+from tests.support.helpers import release_cached_memory
+from tests.support.vllm_render import build_render_serving
 
 # vLLM server renderers built for each tokenizer family in turn, and start-up refusals.
 pytestmark = pytest.mark.integration

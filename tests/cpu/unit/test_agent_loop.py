@@ -25,9 +25,10 @@ from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget, FailureCause
-from recipe.nemo_gym_testing.cpu_policy import harness
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.results import synthetic_result
+from recipe.nemo_gym_demo.data import write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy import harness
+from tests.support.results import synthetic_result
 
 MATH = "math_with_judge_simple_agent"
 ROWS = 10
@@ -71,7 +72,7 @@ def setup(tmp_path_factory):
         {"responses_create_params": {"input": [{"role": "user", "content": question(i)}]}, "agent_ref": {"name": MATH}}
         for i in range(ROWS)
     ]
-    data = harness.write_jsonl(rows, tmp / "rows.jsonl")
+    data = write_jsonl(rows, tmp / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         tiny_qwen3_dir(),
         harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "math.yaml",

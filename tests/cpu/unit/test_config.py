@@ -5,7 +5,7 @@ import pytest
 
 from recipe.nemo_gym.config import ConfigError, load_config
 from recipe.nemo_gym.gym.owned.seams import section_config_paths
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 CONFIG_DIR = REPO_ROOT / "recipe" / "nemo_gym" / "configs"
 

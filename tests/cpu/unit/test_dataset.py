@@ -24,7 +24,7 @@ from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset, NeMoGymRowErro
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
 from recipe.nemo_gym.verl_overrides import plugin_overrides
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 
 def row(i: int, agent: str = "math_with_judge", prompt=None) -> dict:

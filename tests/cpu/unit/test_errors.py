@@ -21,7 +21,7 @@ from recipe.nemo_gym.gym.errors import (
     PolicyServerUnreachable,
 )
 from recipe.nemo_gym.splice.carriers import SpliceError
-from recipe.nemo_gym_testing.helpers import REPO_ROOT, defined_classes, exception_classes
+from tests.support.helpers import REPO_ROOT, defined_classes, exception_classes
 
 PACKAGE = REPO_ROOT / "recipe" / "nemo_gym"
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`failure_cause`: the lines a user needs from a failed run's console output, whichever process raised.
 
-The inputs are excerpts of real `main_ppo.log` files (the job runner's time prefix, Ray's process tags and colour
+The inputs are excerpts of real `main_ppo.log` files (the demo's time prefix, Ray's process tags and colour
 codes included), shortened where marked; the expected causes are exact.
 """
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from recipe.nemo_gym.failure_cause import MAX_LINES, clean_line, failure_cause
-from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT
+from recipe.nemo_gym_demo.console import REPO_ROOT
 
 # CI, 2026-11-26: Ray's memory monitor killed the rollout during step 2's weight sync (frames shortened).
 RAY_OOM = """\

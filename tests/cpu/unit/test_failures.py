@@ -155,7 +155,7 @@ def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure():
     from aiohttp import web
 
     from recipe.nemo_gym.gym.over_http.client import RunTarget, make_post_run
-    from recipe.nemo_gym_testing.helpers import free_port
+    from tests.support.helpers import free_port
 
     answers = iter(
         [

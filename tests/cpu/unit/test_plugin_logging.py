@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from recipe.nemo_gym_testing.cpu_training.job import REPO_ROOT
+from recipe.nemo_gym_demo.console import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,6 +15,7 @@ from recipe.nemo_gym.rollout_requests import (
     row_samplings,
     sampling_from_rollout_config,
 )
+from recipe.nemo_gym_demo.data import write_jsonl
 
 ROLLOUT = OmegaConf.create(
     {
@@ -164,13 +165,13 @@ def test_real_rows_takes_every_row_as_real_when_the_batch_does_not_look_padded()
 
 def test_real_rows_on_the_batch_verls_validation_builds(tmp_path):
     from recipe.nemo_gym.dataset import ROW_KEY, NeMoGymJSONLDataset
-    from recipe.nemo_gym_testing.cpu_policy import harness
+    from tests.support.cpu_policy import harness
 
     rows = [
         {"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "math_with_judge_simple_agent"}}
         for i in range(10)
     ]
-    data = harness.write_jsonl(rows, tmp_path / "rows.jsonl")
+    data = write_jsonl(rows, tmp_path / "rows.jsonl")
     config = harness.compose_verl_config(
         harness.cpu_trainer_overrides(
             tmp_path,

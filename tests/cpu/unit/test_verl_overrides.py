@@ -2,7 +2,7 @@
 """The verl overrides that plug the recipe into `main_ppo` come from one place, and every user of them agrees.
 
 `recipe.nemo_gym.verl_overrides.plugin_overrides` is the source; the launcher (which the submit scripts run), the
-CPU job runner, the test harness and the README's command must each carry all of them.
+demo's job (through the launcher), the test harness and the README's command must each carry all of them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 from recipe.nemo_gym.verl_overrides import MANAGER_CLASS, plugin_overrides
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import dry_run_overrides, write_job
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.helpers import dry_run_overrides, write_job
 
 
 def test_plugin_overrides_name_the_manager_its_yaml_and_the_dataset_by_module():
@@ -39,10 +39,11 @@ def test_submit_scripts_pass_every_plugin_override(tmp_path):
         assert [item for item in argv if item in expected] == expected, script
 
 
-def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
-    from recipe.nemo_gym_testing.cpu_policy import harness
-    from recipe.nemo_gym_testing.cpu_training.job import JobSpec
-    from recipe.nemo_gym_testing.cpu_training.job import plugin_overrides as job_overrides
+def test_harness_and_the_demos_job_start_from_the_plugin_overrides(tmp_path):
+    from recipe.nemo_gym.launch.compose import Backend, compose, hydra_string
+    from recipe.nemo_gym.launch.job import load_job
+    from recipe.nemo_gym_demo.console import JobSpec, write_job
+    from tests.support.cpu_policy import harness
 
     expected = plugin_overrides("/blend.yaml")
     sizes = dict(prompt_length=8, response_length=8, n=1, batch_size=1)
@@ -50,19 +51,21 @@ def test_harness_and_cpu_job_runner_start_from_the_plugin_overrides(tmp_path):
     assert sized[: len(expected)] == expected
     assert "actor_rollout_ref.rollout.n=1" in sized and "data.max_prompt_length=8" in sized
     assert harness.cpu_trainer_overrides("/model", "/blend.yaml", **sizes)[: len(sized)] == sized
+    blend = tmp_path / "blend.yaml"
+    blend.write_text("nemo_gym:\n  config_paths: [a.yaml]\n")
     spec = JobSpec(
-        out_dir=tmp_path,
+        out_dir=tmp_path / "out",
         model_dir=Path("/model"),
-        agent_loop_config=Path("/blend.yaml"),
+        agent_loop_config=blend,
         train_files=[tmp_path / "t.jsonl"],
         val_files=[tmp_path / "v.jsonl"],
         steps=1,
-        batch_size=1,
-        n=1,
-        prompt_length=8,
-        response_length=8,
+        **sizes,
     )
-    assert job_overrides(spec, Path("/blend.yaml"))[: len(sized)] == sized
+    job = load_job(write_job(spec), environ={})
+    # the demo's job goes through the launcher's one composition, which starts from the plugin's overrides
+    overrides = compose(job, Backend(), REPO).overrides
+    assert overrides[: len(expected)] == plugin_overrides(hydra_string(job.environments))
 
 
 def test_readme_command_shows_every_plugin_override():

@@ -35,7 +35,7 @@ from recipe.nemo_gym.gym.over_http.client import ServerInstance, server_root
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch
 from recipe.nemo_gym.gym.relay import PolicyRelay, pick_server
-from recipe.nemo_gym_testing.helpers import free_port
+from tests.support.helpers import free_port
 
 MODEL = "/models/tiny"
 

@@ -13,8 +13,8 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.connect import connect_gym
 from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
-from recipe.nemo_gym_testing.gym_runtime import gym_config, gym_processes
-from recipe.nemo_gym_testing.helpers import free_port
+from tests.support.gym_runtime import gym_config, gym_processes
+from tests.support.helpers import free_port
 
 ONE = PolicyServers(("http://127.0.0.1:1/v1",), "m")
 TWO = PolicyServers(("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"), "m")

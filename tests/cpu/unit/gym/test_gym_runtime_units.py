@@ -47,11 +47,11 @@ from recipe.nemo_gym.gym.owned.seams import (
     write_interpreter_shim,
 )
 from recipe.nemo_gym.limits import ConnectionLimits
-from recipe.nemo_gym_testing.gym_runtime import MATH_CONFIG as MATH
-from recipe.nemo_gym_testing.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
-from recipe.nemo_gym_testing.gym_runtime import gym_config, gym_processes, policy_servers, start_gym
-from recipe.nemo_gym_testing.gym_runtime import stub_math_row as math_row
-from recipe.nemo_gym_testing.helpers import free_port
+from tests.support.gym_runtime import MATH_CONFIG as MATH
+from tests.support.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
+from tests.support.gym_runtime import gym_config, gym_processes, policy_servers, start_gym
+from tests.support.gym_runtime import stub_math_row as math_row
+from tests.support.helpers import free_port
 
 
 def test_resolve_config_path_prefers_cwd_then_install_root(tmp_path: Path) -> None:

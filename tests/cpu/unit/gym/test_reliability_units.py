@@ -22,9 +22,9 @@ from recipe.nemo_gym.gym.over_http.health import PolicyWatch, ProbeResult, polic
 from recipe.nemo_gym.gym.over_http.outcomes import context_overflow_failure, server_error_cause, server_error_failure
 from recipe.nemo_gym.splice.carriers import SpliceError, find_true_prefix
 from recipe.nemo_gym.splice.eos_splice import TurnCountMismatch, splice_prompt_ids
-from recipe.nemo_gym_testing.helpers import MATH_AGENT as MATH
-from recipe.nemo_gym_testing.helpers import WORKPLACE_AGENT as WORKPLACE
-from recipe.nemo_gym_testing.results import synthetic_result
+from tests.support.helpers import MATH_AGENT as MATH
+from tests.support.helpers import WORKPLACE_AGENT as WORKPLACE
+from tests.support.results import synthetic_result
 
 EOS = 151645
 SPLICE_PREFIX = "token-exact splice refused: "

@@ -19,7 +19,7 @@ import time
 import psutil
 
 from recipe.nemo_gym.gym.owned.watchdog import Watchdog
-from recipe.nemo_gym_testing.helpers import REPO_ROOT, alive
+from tests.support.helpers import REPO_ROOT, alive
 
 TRAINER = r"""
 import json, subprocess, sys, time

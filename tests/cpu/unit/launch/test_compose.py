@@ -12,7 +12,7 @@ import pytest
 from recipe.nemo_gym.launch.compose import Backend, compose, hydra_string, merge_overrides
 from recipe.nemo_gym.launch.job import Job
 from recipe.nemo_gym.verl_overrides import plugin_overrides
-from recipe.nemo_gym_testing.helpers import set_keys
+from tests.support.helpers import set_keys
 
 REPO = Path("/repo")
 
@@ -155,3 +155,21 @@ def test_a_value_holding_a_single_quote_is_refused():
     assert hydra_string("/a b/c") == "'/a b/c'"
     with pytest.raises(ValueError, match="holds a single quote"):
         compose(_job(model="/it's"), Backend(), REPO)
+
+
+def test_a_cpu_job_run_alone_starts_a_private_ray_and_otherwise_joins_the_bootstraps_cluster():
+    from recipe.nemo_gym.launch.__main__ import backend_of
+
+    job = _job(backend="cpu", cluster__ray_num_cpus=6, cluster__gpus_per_node=1)
+    local = backend_of(job, {}, own_ray=True).overrides
+    assert [
+        o for o in local if o.startswith(("+ray_kwargs.ray_init.", "ray_kwargs.ray_init.")) and "env_vars" not in o
+    ] == [
+        "+ray_kwargs.ray_init.address=local",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "ray_kwargs.ray_init.num_cpus=6",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+    ]
+    joined = backend_of(job, {}).overrides
+    assert not [o for o in joined if "ray_init.address" in o or "ray_init.num_" in o]
+    assert backend_of(_job(), {}) == Backend()  # gpu: nothing added; its Ray counts the GPUs

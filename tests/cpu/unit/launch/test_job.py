@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym.launch.job import JobError, load_job
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 MINIMAL = """\
 model: models/tiny

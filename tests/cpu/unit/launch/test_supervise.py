@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from recipe.nemo_gym.launch.supervise import exit_status, run_trainer
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 FAILING_TRAINER = """
 import traceback
@@ -64,7 +64,7 @@ def test_the_trainers_status_is_the_jobs_and_its_error_ends_the_output(capfd):
     assert lines[0] == "step:1 - loss:0.5\n" and lines[-1] == "RuntimeError: the cause a user must see\n"
     err = capfd.readouterr().err.splitlines()
     assert err[-2:] == [
-        "launch: the trainer failed (exit status 3); its error (the whole output is above):",
+        "launch: the trainer failed (exit status 3); its error, from the end of its output:",
         "launch:   RuntimeError: the cause a user must see",
     ]
 
@@ -74,6 +74,7 @@ def test_a_trainer_that_passes_says_so_and_a_killed_one_reports_128_plus_the_sig
     assert capfd.readouterr().err.splitlines()[-1] == "launch: training finished"
     killed = run_trainer(["sh", "-c", "kill -KILL $$"], dict(os.environ), 5, write=lambda line: None)
     assert killed == 137 and exit_status(-9, None) == 137 and exit_status(1, signal.SIGINT) == 130
+    assert capfd.readouterr().err.splitlines()[-1] == "launch: the trainer was killed by SIGKILL (exit status 137)"
 
 
 def test_what_the_trainer_leaves_in_its_process_group_is_stopped(tmp_path):
@@ -111,6 +112,9 @@ def test_sigterm_to_the_launcher_reaches_the_trainer_as_sigint_and_the_job_exits
     assert launcher.returncode == 143, err
     assert out.read_text().splitlines() == ["ready", "sigint"]
     assert "launch: SIGTERM received: SIGINT to the trainer, its group killed after 30 s" in err
+    assert [line for line in err.splitlines() if line.startswith("launch: the trainer stopped ")][0].endswith(
+        " s after SIGINT"
+    )
     assert err.splitlines()[-1] == "launch: the job was stopped by SIGTERM (exit status 143)"
 
 
@@ -122,3 +126,4 @@ def test_a_trainer_that_ignores_sigint_is_killed_after_the_grace(tmp_path):
     assert launcher.returncode == 130, err
     assert out.read_text().splitlines() == ["ready", "sigint"]
     assert time.monotonic() - started < 20
+    assert "launch: the trainer did not stop within 1 s of SIGINT; its process group was killed" in err

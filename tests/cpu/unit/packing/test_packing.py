@@ -22,7 +22,7 @@ from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCa
 from recipe.nemo_gym.metrics import batch_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import Episode, Segment, SegmentKind, episode_from_result
-from recipe.nemo_gym_testing.results import pack_batch, synthetic_result
+from tests.support.results import pack_batch, synthetic_result
 
 PAD = 0
 

@@ -19,7 +19,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
 from recipe.nemo_gym.packing.episode import episode_from_result
-from recipe.nemo_gym_testing.results import pack_batch, synthetic_result
+from tests.support.results import pack_batch, synthetic_result
 
 PAD = 0
 CALL_1 = ([11, 12], [21, 22], [-0.5, -0.25])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+from tests.support.helpers import REPO_ROOT as REPO
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])

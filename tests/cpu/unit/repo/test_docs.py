@@ -9,7 +9,7 @@
   a test's subprocess call; or it is light and run here (`RUN_HERE`: dry runs and checks that print and exit); or it
   is in `NOT_RUN`, a short list of commands that need a cluster or run for minutes, each with its reason.
 - The attach-mode Gym command is the one test support runs; the worked example of docs/adding-an-environment.md is
-  consistent (its JSON is a valid job spec whose files exist and whose rows run on the environment's agent); the
+  consistent (its job file is a valid job whose files exist and whose rows run on the environment's agent); the
   README's configuration table holds every key of the plugin YAML; relative links and their anchors resolve; the
   README stays short, with the GPU quickstart near its top.
 
@@ -32,16 +32,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import exception_classes as scanned_exception_classes
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.helpers import exception_classes as scanned_exception_classes
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"
 ADDING = DOCS / "adding-an-environment.md"
 ATTACH = DOCS / "attach-mode.md"
-CODE_ROOTS: tuple[Path, ...] = (REPO / "recipe",)
-"""Where error classes are looked for: the plugin and its test support (the CPU job runner is what users run)."""
+CODE_ROOTS: tuple[Path, ...] = (REPO / "recipe", REPO / "tests" / "support")
+"""Where error classes are looked for: the plugin, its demo and its test support."""
 SPLICE_CODE = (REPO / "recipe" / "nemo_gym" / "splice", REPO / "recipe" / "nemo_gym" / "server_patch")
 FAILURES = REPO / "recipe" / "nemo_gym" / "failures.py"
 BOOTSTRAP = REPO / "ray_on_slurm.sh"
@@ -342,13 +342,17 @@ RUN_HERE: dict[str, tuple[set[int], str]] = {
     ),
     "python -m recipe.nemo_gym.preflight megatron": ({0, 1}, ""),
     "python -m recipe.nemo_gym.gym.owned.environment": ({0}, "nemo-gym"),
-    "python -m recipe.nemo_gym_testing.cpu_training difference": ({0}, "trainer.device=cpu"),
+    "python -m recipe.nemo_gym.cpu_backend difference": ({0}, "trainer.device=cpu"),
 }
 
 # Commands shown that no test runs as shown, each with the reason (a regular expression over the command).
 NOT_RUN: dict[str, str] = {
-    r"\./run_demo\.sh": "the main job on CPU (8 steps, minutes); tests/cpu/e2e/test_main_ppo.py runs the same job "
-    "runner (`run_job`) on the same blend",
+    r"\./run_demo\.sh": "the main job on CPU (8 steps, minutes); tests/cpu/e2e/test_main_ppo.py runs its job the "
+    "same way (`recipe/nemo_gym_demo/console.py`'s `run_job`: the launcher on a job file) on the same blend",
+    r"(?:\.venv/bin/)?python -m recipe\.nemo_gym\.launch (?:run|check) uppercase_check\.yaml": "the reader's CPU "
+    "check of a new environment (a training run, minutes): test_adding_an_environment_example_is_consistent "
+    "validates its job file, and tests/cpu/e2e/test_job_failures.py runs jobs through `python -m "
+    "recipe.nemo_gym.launch run` the same way",
     r"\./run_tests\.sh .+": "CI's command (.ci/run runs ./run_tests.sh) with pytest arguments, passed to pytest",
     r"\.venv/bin/python -m pytest tests/cpu/\S+(?: -n \d+)?": "one module or one tier's folder of the suite "
     "./run_tests.sh runs",
@@ -420,7 +424,7 @@ def test_light_commands_shown_run_as_shown(command, submit_job):
 
 
 def test_attach_command_shown_is_the_one_test_support_runs():
-    from recipe.nemo_gym_testing.external_gym import attach_command
+    from tests.support.external_gym import attach_command
 
     block = next(text for language, text, _ in fenced_blocks(ATTACH) if "gym env start" in text)
     shown = next(c for c in shell_commands(block) if "gym env start" in c)
@@ -444,23 +448,29 @@ def blocks_of(path: Path, language: str) -> list[str]:
     return [text for lang, text, _ in fenced_blocks(path) if lang == language]
 
 
-def test_adding_an_environment_example_is_consistent(monkeypatch):
+def test_adding_an_environment_example_is_consistent(tmp_path):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
     from recipe.nemo_gym.gym.owned.seams import section_config_paths
-    from recipe.nemo_gym_testing.cpu_policy import tiny_model
-    from recipe.nemo_gym_testing.cpu_training.job import spec_from_json
+    from recipe.nemo_gym.launch.job import load_job
+    from recipe.nemo_gym_demo import tiny_model
 
-    monkeypatch.chdir(REPO)  # the job runs from the repository root; the spec's paths are relative to it
-    spec_text = next(text for text in blocks_of(ADDING, "json") if "agent_loop_config" in text)
-    spec = spec_from_json(spec_text)
-    assert spec.model_dir == REPO / f".cache/tiny-qwen3-{tiny_model._stamp()}", "the tiny model's folder changed"
-    for path in (spec.agent_loop_config, *spec.train_files, *spec.val_files):
+    # the job file as the doc says to save it: in the repository root, its relative paths taken from there
+    job_text = next(text for text in blocks_of(ADDING, "yaml") if text.startswith("backend: cpu"))
+    job_file = REPO / f"uppercase_check.{tmp_path.name}.yaml"
+    job_file.write_text(job_text)
+    try:
+        job = load_job(job_file, environ={})
+    finally:
+        job_file.unlink()
+    assert job.model == REPO / f".cache/tiny-qwen3-{tiny_model._stamp()}", "the tiny model's folder changed"
+    for path in (job.environments, *job.data.train_files, *job.data.val_files):
         assert path.is_file(), path
+    assert f"python -m recipe.nemo_gym.launch run {job_file.name.split('.')[0]}.yaml" in ADDING.read_text()
 
     plugin_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if t.startswith("nemo_gym:"))
-    assert plugin_yaml == yaml.safe_load(spec.agent_loop_config.read_text()), "the doc's plugin YAML is not the file"
-    config_paths = section_config_paths(load_config(spec.agent_loop_config).nemo_gym)
+    assert plugin_yaml == yaml.safe_load(job.environments.read_text()), "the doc's plugin YAML is not the file"
+    config_paths = section_config_paths(load_config(job.environments).nemo_gym)
     environment_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if "resources_servers:" in t)
     assert environment_yaml == yaml.safe_load(config_paths[1].read_text()), "the doc's environment config"
 
@@ -470,11 +480,11 @@ def test_adding_an_environment_example_is_consistent(monkeypatch):
         for name, entry in yaml.safe_load(path.read_text()).items()
         if "responses_api_agents" in entry
     }
-    check = check_data_files([*spec.train_files, *spec.val_files], agents)
+    check = check_data_files([*job.data.train_files, *job.data.val_files], agents)
     assert check.rows > 0 and not check.bad, check.bad
 
-    row = next(text for text in blocks_of(ADDING, "json") if "agent_ref" in text and "out_dir" not in text)
-    assert json.loads(row) == json.loads(spec.train_files[0].read_text().splitlines()[0])
+    row = next(text for text in blocks_of(ADDING, "json") if "agent_ref" in text)
+    assert json.loads(row) == json.loads(job.data.train_files[0].read_text().splitlines()[0])
     app = (REPO / "resources_servers" / "uppercase_share" / "app.py").read_text()
     excerpt = next(text for text in blocks_of(ADDING, "python") if "def verify" in text)
     assert all(line.strip() in app for line in excerpt.splitlines()), "the doc's app.py excerpt differs from app.py"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import tomllib
 
+from recipe.nemo_gym.cpu_backend import SUPPORTED_VERL
+from recipe.nemo_gym.cpu_backend.patches import VLLM_CPU_CHECKED
 from recipe.nemo_gym.vllm_build import locked_versions
-from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
-from recipe.nemo_gym_testing.cpu_training.patches import VLLM_CPU_CHECKED
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
+from tests.support.helpers import REPO_ROOT as REPO
 
 
 def locked() -> dict[str, str]:

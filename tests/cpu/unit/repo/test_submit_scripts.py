@@ -25,8 +25,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.helpers import VENV_BIN, dry_run_overrides, run_script, write_job
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.helpers import VENV_BIN, dry_run_overrides, run_script, write_job
 
 SCRIPTS = {"math": REPO / "submit_math.sh", "multienv": REPO / "submit_multienv.sh"}
 SHELL_FILES = [
@@ -474,8 +474,6 @@ def test_e2e_log_check_reports_each_problem(log, problems):
 
 # --- backend: cpu (the CPU backend's overrides and environment; their merge is unit/launch/test_compose.py's) ----
 
-CPU_BACKEND_MAIN = REPO / "recipe" / "nemo_gym_testing" / "cpu_training" / "__main__.py"
-
 
 def test_an_unknown_backend_is_refused(tmp_path):
     result = run_script(SCRIPTS["math"], write_job(tmp_path, backend="tpu"))
@@ -490,7 +488,6 @@ def test_gpu_backend_is_the_default_and_adds_nothing(tmp_path):
     assert "DRY_RUN: backend gpu; each node's 'ray start' gets: --num-gpus=8 --num-cpus=12" in result.stderr
 
 
-@pytest.mark.skipif(not CPU_BACKEND_MAIN.exists(), reason="the CPU backend module is not in this tree")
 @pytest.mark.parametrize("env_name", ["math", "multienv"])
 def test_cpu_backend_dry_run_composes_and_validates_in_verl(tmp_path, verl_checks, env_name):
     result = run_script(SCRIPTS[env_name], write_job(tmp_path, env_name, backend="cpu", cluster__nnodes=1))
@@ -511,7 +508,7 @@ def _key(item: str) -> str:
 
 
 def test_cpu_command_is_the_gpu_e2e_command_plus_exactly_the_printed_cpu_difference(tmp_path):
-    from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference, cpu_env
+    from recipe.nemo_gym.cpu_backend.overrides import cpu_difference, cpu_env
 
     gpu = gpu_e2e_dry_run(tmp_path / "gpu", "fsdp")
     cpu = gpu_e2e_dry_run(tmp_path / "cpu", "fsdp", BACKEND="cpu")
@@ -539,7 +536,7 @@ def test_cpu_command_is_the_gpu_e2e_command_plus_exactly_the_printed_cpu_differe
 
 
 def test_readme_lists_the_cpu_difference_as_printed():
-    from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference
+    from recipe.nemo_gym.cpu_backend.overrides import cpu_difference
 
     assert f"```\n{cpu_difference()}\n```" in (REPO / "README.md").read_text()
 

@@ -19,8 +19,8 @@ from types import ModuleType
 
 import pytest
 
-from recipe.nemo_gym_testing.gym_imports import restore_process_globals
-from recipe.nemo_gym_testing.uppercase_share import AGENT, ENV_DIR, REWARD_CASES, verify_body
+from tests.support.gym_imports import restore_process_globals
+from tests.support.uppercase_share import AGENT, ENV_DIR, REWARD_CASES, verify_body
 
 
 @pytest.fixture(scope="module")

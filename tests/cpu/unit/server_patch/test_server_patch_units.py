@@ -24,12 +24,12 @@ from recipe.nemo_gym import server_patch
 from recipe.nemo_gym.server_patch.request import prefix_eos_count
 from recipe.nemo_gym.server_patch.template import EOS_OVERRIDE_ENV
 from recipe.nemo_gym.splice.carriers import SpliceError
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import IM_END as EOS
-from recipe.nemo_gym_testing.cpu_policy.tokenizer_calls import counted_tokenizer_calls
-from recipe.nemo_gym_testing.helpers import REPO_ROOT as REPO
-from recipe.nemo_gym_testing.vllm_render import assistant, chat_ids, chat_render, enc, patched_qwen3_fixtures, per_char
-from recipe.nemo_gym_testing.vllm_render import chat_request as _request
+from tests.support.cpu_policy.qwen3 import ENDOFTEXT, THINK, TOOL_CALL, WEATHER_TOOL
+from tests.support.cpu_policy.qwen3 import IM_END as EOS
+from tests.support.cpu_policy.tokenizer_calls import counted_tokenizer_calls
+from tests.support.helpers import REPO_ROOT as REPO
+from tests.support.vllm_render import assistant, chat_ids, chat_render, enc, patched_qwen3_fixtures, per_char
+from tests.support.vllm_render import chat_request as _request
 
 TOOLS = [WEATHER_TOOL]
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from recipe.nemo_gym_testing.cpu_policy.episodes import server_test_policy
-from recipe.nemo_gym_testing.cpu_policy.script import (
+from tests.support.cpu_policy.episodes import server_test_policy
+from tests.support.cpu_policy.script import (
     ScriptCompletion,
     ScriptedPolicy,
     ScriptRule,

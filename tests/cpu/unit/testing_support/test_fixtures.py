@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from recipe.nemo_gym_testing.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import (
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.model_policy import CausalLMSampler, SamplingSpec
+from tests.support.cpu_policy.qwen3 import (
     ENDOFTEXT,
     IM_END,
     IM_START,
@@ -20,7 +21,6 @@ from recipe.nemo_gym_testing.cpu_policy.qwen3 import (
     TOOL_CALL_END,
     WEATHER_TOOL,
 )
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
-from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
-from recipe.nemo_gym_testing.cpu_training.script_choice import SCRIPT_XARG, script_body, scripted_row
-from recipe.nemo_gym_testing.cpu_training.scripted_logits import ScriptedLogitsProcessor
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from tests.support.engine import SCRIPT_ENV
+from tests.support.engine.script_choice import SCRIPT_XARG, script_body, scripted_row
+from tests.support.engine.scripted_logits import ScriptedLogitsProcessor
 
 VOCAB = 151669
 EOS = 151645

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The suite's own cost report (`recipe/nemo_gym_testing/suite_cost.py`): tiers, the slowest modules, peak memory."""
+"""The suite's own cost report (`tests/support/suite_cost.py`): tiers, the slowest modules, peak memory."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
-from recipe.nemo_gym_testing.suite_cost import (
+from tests.support.helpers import REPO_ROOT
+from tests.support.suite_cost import (
     GIB,
     ModuleCost,
     RunCost,
@@ -66,7 +66,7 @@ def test_the_report_gives_each_run_each_tier_the_slowest_modules_and_the_peak():
 def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folder(tmp_path):
     RunCost("gym-0.7", 60.0, [ModuleCost("tests/cpu/test_a.py", "unit", 1, 2.0)]).write(tmp_path)
     sampler = subprocess.Popen(
-        [sys.executable, "-m", "recipe.nemo_gym_testing.suite_cost", "sample", str(tmp_path)],
+        [sys.executable, "-m", "tests.support.suite_cost", "sample", str(tmp_path)],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )

@@ -18,11 +18,11 @@ A completion that ends with `"length"` is forced up to its last token, then the 
 request's `max_tokens`. Explicit `logprobs` in a script are ignored: the engine reports the model's.
 
 Configured through verl's public rollout config: `+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=
-[<this class>]`. Which script a request plays: the file named by its `SamplingParams.extra_args[SCRIPT_XARG]`
-(a request's `vllm_xargs`, `script_choice.py`: one engine plays many modules' scripts), else the engine-wide file
-in `SCRIPT_ENV` (the CPU job runner's, `job.py`, which every process of the job inherits), else none. Scripts are
-read once per file version (path, modification time, size). Checked against vLLM 0.24.0's `LogitsProcessor`
-interface (`vllm/v1/sample/logits_processor/interface.py`) and `ChatCompletionRequest.vllm_xargs`.
+[<this class>]`. Which script a request plays: the file named by its `SamplingParams.extra_args[SCRIPT_XARG]` (a
+request's `vllm_xargs`, `script_choice.py`: one engine plays many modules' scripts), else the engine-wide file in
+`SCRIPT_ENV` (a `main_ppo` job's, set by `scripted_overrides` in the Ray runtime env every process of the job inherits),
+else none. Scripts are read once per file version (path, modification time, size). Checked against vLLM 0.24.0's
+`LogitsProcessor` interface (`vllm/v1/sample/logits_processor/interface.py`) and `ChatCompletionRequest.vllm_xargs`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import os
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptedPolicy, choose_rule, scripted_output
-from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV
-from recipe.nemo_gym_testing.cpu_training.script_choice import SCRIPT_XARG
+from tests.support.cpu_policy.script import ScriptedPolicy, choose_rule, scripted_output
+from tests.support.engine import SCRIPT_ENV
+from tests.support.engine.script_choice import SCRIPT_XARG
 
 
 class ScriptedLogitsProcessor(LogitsProcessor):

@@ -9,7 +9,7 @@ Its tests: the reward function and `verify` in process
 
 from __future__ import annotations
 
-from recipe.nemo_gym_testing.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 ENV_DIR = REPO_ROOT / "resources_servers" / "uppercase_share"
 AGENT = "uppercase_share_simple_agent"

@@ -276,9 +276,9 @@ def math_row(question: str, expected: str = "4", *, content: str | None = None) 
 
 def workplace_row(marker: str = "") -> dict[str, Any]:
     """NeMo Gym's first `workplace_assistant` example row, `marker` appended to its last message."""
-    from recipe.nemo_gym_testing.cpu_policy import harness
+    from recipe.nemo_gym_demo.data import example_rows
 
-    row = harness.example_rows([WORKPLACE_AGENT])[0]
+    row = example_rows([WORKPLACE_AGENT])[0]
     if marker:
         row["responses_create_params"]["input"][-1]["content"] += f" {marker}"
     return row

@@ -86,7 +86,7 @@ def patched_qwen3_fixtures() -> tuple[Any, Any]:
     `tok`, their tokenizer."""
     import pytest
 
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
+    from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
     @pytest.fixture(scope="module", name="serving")
     def serving_fixture() -> Iterator[tuple[Any, Any]]:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 
-from recipe.nemo_gym_testing.cpu_policy.qwen3 import ENDOFTEXT
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
+from tests.support.cpu_policy.qwen3 import ENDOFTEXT
+from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 
 CARLOS_REPLY = {"email_id": "00000057", "body": "Thanks for the update - I will get back to you tomorrow."}
 

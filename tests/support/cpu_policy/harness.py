@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Drive the real manager on CPU exactly as verl's trainer does, over verl's own vLLM rollout (vLLM's CPU build).
 
-Used by the CPU end-to-end tests and by the main job (`python -m recipe.nemo_gym_testing.demo`). Everything here is
+Used by the CPU integration and end-to-end tests and the benchmarks. Everything here is
 verl's own code path:
 - `compose_verl_config`: verl's trainer config composed with Hydra from verl's own config directory, the way
   `verl.trainer.main_ppo` composes it, so a key verl does not accept fails here too.
@@ -10,9 +10,8 @@ verl's own code path:
 - `trainer_batches`: the batch `generate_sequences` receives, and the trainer's side of it: verl's collate over
   dataset items, `DataProto.from_single_dict`, a `uid` per prompt, the trainer's non-tensor pop, `rollout.n` interleaved
   repeats, and the validation meta_info and padding when validating.
-- `manager_stack`: config, dataset, verl's standalone vLLM rollout (`cpu_training/standalone.py`: verl's
+- `manager_stack`: config, dataset, verl's standalone vLLM rollout (`tests/support/engine/standalone.py`: verl's
   `LLMServerManager`, its `LLMServerClient`) and the manager together, as the integration tests use them.
-- `example_rows`: NeMo Gym's example rows shipped in the wheel, with the `agent_ref` its data preparation adds.
 """
 
 from __future__ import annotations
@@ -29,15 +28,9 @@ from typing import Any
 import numpy as np
 
 from recipe.nemo_gym.verl_overrides import plugin_overrides
+from recipe.nemo_gym_demo.data import write_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-
-EXAMPLE_DATA = {
-    "math_with_judge_simple_agent": "resources_servers/math_with_judge/data/example.jsonl",
-    "workplace_assistant_simple_agent": "resources_servers/workplace_assistant/data/example.jsonl",
-    "example_single_tool_call_simple_agent": "resources_servers/example_single_tool_call/data/example.jsonl",
-}
-DEFAULT_EXAMPLE_AGENTS = ("math_with_judge_simple_agent", "workplace_assistant_simple_agent")
 
 
 def verl_config_dir() -> Path:
@@ -67,7 +60,7 @@ def sized_overrides(
 ) -> list[str]:
     """The plugin's overrides plus a job's size: the model, `n` samples at temperature 1 (greedy validation),
     prompt and response lengths, and `batch_size` prompts per step in one actor update. Device-independent; the
-    CPU job runner and `cpu_trainer_overrides` both start from it."""
+    tests' configs (`cpu_trainer_overrides`) start from it."""
     return [
         *plugin_overrides(agent_loop_config_path),
         f"actor_rollout_ref.model.path={model_dir}",
@@ -143,8 +136,8 @@ def manager_stack(
     import ray
 
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-    from recipe.nemo_gym_testing.cpu_training.script_choice import scripted_row
-    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, standalone_overrides, verl_rollout
+    from tests.support.engine.script_choice import scripted_row
+    from tests.support.engine.standalone import init_local_ray, standalone_overrides, verl_rollout
 
     config = compose_verl_config([*overrides, *standalone_overrides(replicas=replicas, scripted=script is not None)])
     started_ray = not ray.is_initialized()
@@ -180,8 +173,8 @@ def fault_injection_stack(model_dir: Path, overrides: Sequence[str], data_file: 
     import ray
 
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
-    from recipe.nemo_gym_testing.cpu_policy.server import CPUPolicyServer
-    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray
+    from tests.support.cpu_policy.server import CPUPolicyServer
+    from tests.support.engine.standalone import init_local_ray
 
     config = compose_verl_config(overrides)
     dataset = NeMoGymJSONLDataset(data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data)
@@ -209,47 +202,6 @@ def verl_llm_client(config, addresses: Sequence[str]):
     # reads the addresses (the balancer's keys), so the handle slot stays empty.
     balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={address: None for address in addresses})
     return LLMServerClient(config, load_balancer_handle=balancer)
-
-
-def example_rows(
-    agents: Sequence[str] = DEFAULT_EXAMPLE_AGENTS, environment: str | Path | None = None
-) -> list[dict[str, Any]]:
-    """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does, from
-    the Gym in `environment` (`nemo_gym.environment`'s rule: unset, `$NEMO_GYM_ENV`, else `.venv-gym`)."""
-    from recipe.nemo_gym.config import NeMoGymSection
-    from recipe.nemo_gym.gym.owned.seams import section_root
-
-    root = section_root(NeMoGymSection(config_paths=["-"], environment=environment))
-    rows = []
-    for agent in agents:
-        for line in (root / EXAMPLE_DATA[agent]).read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                row["agent_ref"] = {"type": "responses_api_agents", "name": agent}
-                rows.append(row)
-    return rows
-
-
-def with_tools(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """`row` offering the policy only the tools `names` (in the row's order); an unknown name is an error.
-
-    NeMo Gym's workplace rows list all 27 tools (~4,000 prompt tokens); the CPU jobs in the tests keep the ones
-    their scripted episodes call, so each training row is ~1,000 positions instead of ~5,000. The environment
-    still runs the calls: its tools do not depend on what the prompt listed.
-    """
-    params = row["responses_create_params"]
-    offered = [tool["name"] for tool in params.get("tools", [])]
-    missing = sorted(set(names) - set(offered))
-    if missing:
-        raise ValueError(f"row does not offer the tools {missing}; it offers {offered}")
-    tools = [tool for tool in params["tools"] if tool["name"] in names]
-    return {**row, "responses_create_params": {**params, "tools": tools}}
-
-
-def write_jsonl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def trainer_batches(dataset, indices: Sequence[int], config, *, validate: bool = False, global_step: int = 1):

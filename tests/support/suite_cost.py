@@ -2,15 +2,15 @@
 """What the test suite costs, measured by the suite itself: time per tier and per module, and peak memory.
 
 `./run_tests.sh` sets `NG_SUITE_COST_DIR` (a folder under `outputs/`) and:
-- starts `python -m recipe.nemo_gym_testing.suite_cost sample DIR` beside its pytest runs. It reads the machine's
+- starts `python -m tests.support.suite_cost sample DIR` beside its pytest runs. It reads the machine's
   memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
   `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the minute of the run, the tests pytest's
   workers were running and the largest processes at that moment;
 - each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
   tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
-- `python -m recipe.nemo_gym_testing.suite_cost report DIR` prints the summary (`format_report`, pure).
+- `python -m tests.support.suite_cost report DIR` prints the summary (`format_report`, pure).
 
-Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the job runner);
+Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the launcher);
 `integration` starts a server, a stack, Ray or vLLM; `unit` runs pure code. Each test's time counts in its own
 tier (a module with tests of two tiers would be in both; in `tests/cpu` each tier is a folder, `unit/`,
 `integration/` and `e2e/`, so a module's path names its tier).

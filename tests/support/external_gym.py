@@ -28,7 +28,7 @@ from recipe.nemo_gym.gym.over_http.client import HeadClient
 from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym.gym.owned import seams
 from recipe.nemo_gym.gym.owned.environment import clean_environment, inspect_environment, locate_environment
-from recipe.nemo_gym_testing.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
+from tests.support.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

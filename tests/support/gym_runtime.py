@@ -30,7 +30,7 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.over_http.collect import RowOutcome
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned.launch import OwnedGym
-from recipe.nemo_gym_testing.helpers import ChatCompletionStub, chat_completion, math_row, nemo_gym_processes
+from tests.support.helpers import ChatCompletionStub, chat_completion, math_row, nemo_gym_processes
 
 TRAINING_MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 WORKPLACE_CONFIG = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"

@@ -40,7 +40,7 @@ def dedupe_process_group_backend() -> None:
     if "verl.workers.engine_workers" in sys.modules:
         raise RuntimeError(
             "verl.workers.engine_workers was imported before the CPU backend patch: name "
-            "recipe.nemo_gym_testing.cpu_training.activate in VERL_USE_EXTERNAL_MODULES"
+            "recipe.nemo_gym.cpu_backend.activate in VERL_USE_EXTERNAL_MODULES"
         )
 
     @functools.wraps(original)

@@ -13,7 +13,7 @@ script itself, so one engine plays every module's policy:
   own (or the engine-wide `SCRIPT_ENV` script, where one is set).
 - A direct OpenAI request adds `script_choice.script_body(script_file)` to its JSON body.
 
-`serve()` is the engine host: a process of its own (`python -m recipe.nemo_gym_testing.cpu_training.shared_engine
+`serve()` is the engine host: a process of its own (`python -m tests.support.engine.shared_engine
 STATE_FILE`) with its own local Ray and verl's standalone rollout (`standalone.verl_rollout`), so that the modules
 using it keep their own Ray lifecycles. It writes `EngineInfo` as JSON to STATE_FILE once it serves, and stops
 (verl's actors killed, their leftovers removed) on SIGTERM or when its standard input closes. `SharedEngine` starts
@@ -107,9 +107,9 @@ class SharedEngine:
 
 
 def _engine_config():
-    from recipe.nemo_gym_testing.cpu_policy import harness
-    from recipe.nemo_gym_testing.cpu_policy.tiny_model import tiny_qwen3_dir
-    from recipe.nemo_gym_testing.cpu_training.standalone import standalone_overrides
+    from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+    from tests.support.cpu_policy import harness
+    from tests.support.engine.standalone import standalone_overrides
 
     overrides = harness.cpu_trainer_overrides(
         tiny_qwen3_dir(), "/unused.yaml", prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, n=1,
@@ -121,7 +121,7 @@ def _engine_config():
 def serve(state_file: Path) -> None:
     import ray
 
-    from recipe.nemo_gym_testing.cpu_training.standalone import init_local_ray, verl_rollout
+    from tests.support.engine.standalone import init_local_ray, verl_rollout
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

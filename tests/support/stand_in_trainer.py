@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A process that behaves, for the job runner, like verl's `main_ppo`: for testing the runner's own semantics.
+"""A process that behaves, for the launcher, like verl's `main_ppo`: for testing the launcher's own semantics.
 
-What the job runner (`job.py`) does with a trainer is independent of what the trainer computes: it holds the output
-folder, forwards SIGINT and SIGTERM, kills the process group after a grace period, waits for the whole group, cleans
-the run's temporary folder and reports the exit status and the last lines. Testing that against a full `main_ppo`
-costs minutes a test; this stand-in costs a second. Run as `JobSpec(trainer_module=<this module>)`, it:
+What the launcher (`recipe/nemo_gym/launch/`, under the demo's console) does with a trainer is independent of what
+the trainer computes: it forwards SIGINT and SIGTERM, kills the process group after a grace period, waits for the
+whole group, removes the run's temporary folder and reports the exit status and the last lines. Testing that against
+a full `main_ppo` costs minutes a test; this stand-in costs a second. Run as `JobSpec(trainer_module=<this module>)`
+(the launcher's `NG_TRAINER_MODULE`), it:
 
 - takes the same command line as `main_ppo` (Hydra overrides, ignored);
-- starts a child in its own process group, as Ray's workers are (the runner must wait for it; like a Ray worker, it
-  ends once the trainer has);
-- writes a file into its `TMPDIR` (the runner removes the folder), then prints the line the NeMo Gym manager prints
+- starts a child in its own process group, as Ray's workers are (the launcher must wait for it; like a Ray worker,
+  it ends once the trainer has);
+- writes a file into its `TMPDIR` (the launcher removes the folder), then prints the line the NeMo Gym manager prints
   when training is next (`NeMo Gym <version> ready in <n> s: agents [...]`);
 - waits until signalled. On SIGINT it stops as verl's driver does, by Python's KeyboardInterrupt (a traceback in its
   output, exit status 1) after stopping its child; SIGKILL kills it outright;

@@ -3,7 +3,7 @@
 
 `cpu_overrides()` is appended to a user's normal `main_ppo` command line; `cpu_env()` is exported before verl
 starts (the trainer's Ray workers inherit it through the runtime env the overrides also set). The launcher
-(`backend: cpu` in a job) and the CPU job runner call both; `python -m recipe.nemo_gym_testing.cpu_training
+(`backend: cpu` in a job) calls both; `python -m recipe.nemo_gym.cpu_backend
 difference` prints them as the README lists them.
 
 Why each override (all checked against verl 0.9.1 on a 2-core machine without a GPU):
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from recipe.nemo_gym.verl_overrides import VLLM_PLUGIN_MODULE
 
-ACTIVATE_MODULE = "recipe.nemo_gym_testing.cpu_training.activate"
+ACTIVATE_MODULE = "recipe.nemo_gym.cpu_backend.activate"
 EXTERNAL_MODULES = (VLLM_PLUGIN_MODULE, ACTIVATE_MODULE)
 KV_CACHE_BYTES = 512 * 2**20
 """vLLM's KV cache on CPU: 512 MiB holds 524,288 tokens of the tiny model (2 layers, 2 KV heads of 32, fp32)."""

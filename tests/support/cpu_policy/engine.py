@@ -43,13 +43,13 @@ from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 
-from recipe.nemo_gym_testing.cpu_policy.model_policy import (
+from tests.support.cpu_policy.model_policy import (
     CausalLMSampler,
     SampledGeneration,
     SampledToken,
     SamplingSpec,
 )
-from recipe.nemo_gym_testing.cpu_policy.script import (
+from tests.support.cpu_policy.script import (
     ScriptedPolicy,
     choose_rule,
     cut_at_stop_string,

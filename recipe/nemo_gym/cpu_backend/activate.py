@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import verl
 
-from recipe.nemo_gym_testing.cpu_training import SUPPORTED_VERL
+from recipe.nemo_gym.cpu_backend import SUPPORTED_VERL
 
 if verl.__version__ != SUPPORTED_VERL:
     raise RuntimeError(
@@ -30,8 +30,8 @@ if verl.__version__ != SUPPORTED_VERL:
 def _activate() -> None:
     from verl.plugin.platform import PlatformRegistry
 
-    from recipe.nemo_gym_testing.cpu_training.patches import dedupe_process_group_backend, keep_vllm_weights_reloadable
-    from recipe.nemo_gym_testing.cpu_training.platform import PlatformCPU
+    from recipe.nemo_gym.cpu_backend.patches import dedupe_process_group_backend, keep_vllm_weights_reloadable
+    from recipe.nemo_gym.cpu_backend.platform import PlatformCPU
 
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
     dedupe_process_group_backend()

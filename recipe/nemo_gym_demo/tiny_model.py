@@ -57,7 +57,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("NEMO_GYM_VERL_CACHE")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / ".cache"
+    return Path(__file__).resolve().parents[2] / ".cache"
 
 
 def tokenizer_source_dir() -> Path:

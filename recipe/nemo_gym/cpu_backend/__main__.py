@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`python -m recipe.nemo_gym_testing.cpu_training difference`: everything the CPU backend adds to a GPU job's
+"""`python -m recipe.nemo_gym.cpu_backend difference`: everything the CPU backend adds to a GPU job's
 command (its Hydra overrides and the environment of every process), commented, as the README lists it. The launcher
 imports the backend's `cpu_overrides` and `cpu_env` itself (`recipe/nemo_gym/launch/__main__.py`)."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from recipe.nemo_gym_testing.cpu_training.overrides import cpu_difference
+from recipe.nemo_gym.cpu_backend.overrides import cpu_difference
 
 
 def main(argv: list[str]) -> int:
     if argv == ["difference"]:
         print(cpu_difference())
         return 0
-    print("usage: python -m recipe.nemo_gym_testing.cpu_training difference", file=sys.stderr)
+    print("usage: python -m recipe.nemo_gym.cpu_backend difference", file=sys.stderr)
     return 2
 
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import psutil
 
+from recipe.nemo_gym.cpu_backend.overrides import cpu_env, cpu_overrides
 from recipe.nemo_gym.leftovers import remove_leftovers
-from recipe.nemo_gym_testing.cpu_training import SCRIPT_ENV, SCRIPTED_PROCESSOR
-from recipe.nemo_gym_testing.cpu_training.overrides import cpu_env, cpu_overrides
+from tests.support.engine import SCRIPT_ENV, SCRIPTED_PROCESSOR
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

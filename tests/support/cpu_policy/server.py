@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CPU policy server process, and `CPUPolicyServer`, the parent-side handle that starts and stops it.
 
-Process: `python -m recipe.nemo_gym_testing.cpu_policy.server --model-dir DIR [--port N] [--script FILE.json]
+Process: `python -m tests.support.cpu_policy.server --model-dir DIR [--port N] [--script FILE.json]
 [--served-model-name NAME] [--splice-patch | --no-splice-patch] [-- extra vLLM serve arguments]`.
 It parses vLLM's own serve arguments (`--enable-auto-tool-choice --tool-call-parser hermes` by default, then
 the extras), makes vLLM's platform the CPU platform, optionally installs the token-exact splice patch
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recipe.nemo_gym.process_group import stop_group
-from recipe.nemo_gym_testing.cpu_policy.script import ScriptedPolicy
+from tests.support.cpu_policy.script import ScriptedPolicy
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_VLLM_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
@@ -53,7 +53,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m recipe.nemo_gym_testing.cpu_policy.server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.support.cpu_policy.server", description=__doc__)
     parser.add_argument("--model-dir", required=True, help="local model directory (config, weights, tokenizer)")
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=0, help="0: bind a free port (see --port-file)")
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(max(1, ours.torch_threads))
 
-    from recipe.nemo_gym_testing.cpu_policy.cpu_platform import use_cpu_platform
+    from tests.support.cpu_policy.cpu_platform import use_cpu_platform
 
     use_cpu_platform()
 
@@ -133,7 +133,7 @@ async def _serve(
 ) -> None:
     from vllm.entrypoints.openai.api_server import build_and_serve, setup_server
 
-    from recipe.nemo_gym_testing.cpu_policy.engine import build_engine_client
+    from tests.support.cpu_policy.engine import build_engine_client
 
     listen_address, sock = setup_server(args)  # vLLM's: validates the parsers, binds the socket
     port = sock.getsockname()[1]
@@ -216,7 +216,7 @@ class CPUPolicyServer:
         return self.proc.pid if self.proc is not None else None
 
     def command(self, port_file: Path, script_file: Path | None) -> list[str]:
-        cmd = [self.python, "-m", "recipe.nemo_gym_testing.cpu_policy.server", "--model-dir", str(self.model_dir)]
+        cmd = [self.python, "-m", "tests.support.cpu_policy.server", "--model-dir", str(self.model_dir)]
         cmd += ["--port", str(self.requested_port or 0), "--port-file", str(port_file)]
         if script_file is not None:
             cmd += ["--script", str(script_file)]
