@@ -10,8 +10,8 @@
 # command and start nothing), CONTAINER_IMAGE (run Ray and the launcher in this image on every node, through
 # pyxis/enroot: srun --container-image), CONTAINER_MOUNTS (default: the repository at the same path, plus
 # CONTAINER_MOUNTS_EXTRA). The job's Ray settings (NG_NNODES, NG_RAY_*, NG_STOP_GRACE_S) and the environment of its
-# processes come from `launch ray-env JOB`, exported before `ray start` so that every raylet hands them on.
-# Ray runs with token authentication and a fresh token of the job unless RAY_AUTH_MODE or a token is set already.
+# processes come from `launch ray-env JOB`, exported before `ray start` so that every raylet hands them on; so does
+# Ray's token authentication, with a fresh token of the job unless RAY_AUTH_MODE or a token is set already.
 set -euo pipefail
 
 REPO_DIR=$(cd "${REPO_DIR:-$(dirname "${BASH_SOURCE[0]}")}" && pwd)
@@ -51,15 +51,6 @@ STOP_GRACE_S=${NG_STOP_GRACE_S:-60}
 read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
 [[ -z "$NG_RAY_TEMP_DIR" ]] || RAY_ARGS+=(--temp-dir="$NG_RAY_TEMP_DIR")
 RAY_ARGS+=(--disable-usage-stats --block)
-# Ray 2.60: `ray start` turns token authentication on by itself when ~/.ray/auth_token exists, but a client sends a
-# token only when RAY_AUTH_MODE=token: one explicit mode and a fresh token for every process of the job instead.
-if [[ -z "${RAY_AUTH_MODE:-}" ]]; then
-    export RAY_AUTH_MODE=token
-    if [[ -z "${RAY_AUTH_TOKEN:-}" && -z "${RAY_AUTH_TOKEN_PATH:-}" ]]; then
-        RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
-        export RAY_AUTH_TOKEN
-    fi
-fi
 # A temporary folder of the job's own on every node (Ray's session folder, vLLM's sockets, verl's locks), removed
 # at the end. Exported before `ray start`, so srun hands it to every node.
 JOB_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ngjob-XXXXXXXX") || die "cannot create a temporary folder in ${TMPDIR:-/tmp}"

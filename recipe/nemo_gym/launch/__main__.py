@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import secrets
 import shlex
 import sys
 import tempfile
@@ -75,11 +76,18 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], comm
 
 
 def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
-    """`export` lines for the Ray bootstrap (`ray_on_slurm.sh`): the job's environment, then the bootstrap's own
-    settings (`NG_*`). Values are shell-quoted; the secrets of the environment are not among them."""
+    """`export` lines for the Ray bootstrap (`ray_on_slurm.sh`): the job's environment, Ray's authentication, then
+    the bootstrap's own settings (`NG_*`). Values are shell-quoted; the secrets of the environment are not among them
+    (a token is one only when the job gets a fresh one)."""
     c = job.cluster
     values = dict(launch.environment)
     values["PATH"] = f"{Path(sys.executable).parent}:{environ.get('PATH', '')}"  # `ray` of this environment
+    # Ray 2.60: `ray start` turns token authentication on by itself when ~/.ray/auth_token exists, but a client sends
+    # a token only when RAY_AUTH_MODE=token: one explicit mode, and a fresh token for every process of the job.
+    if not environ.get("RAY_AUTH_MODE"):
+        values["RAY_AUTH_MODE"] = "token"
+        if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
+            values["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     values.update(
         NG_NNODES=str(c.nnodes),
         NG_RAY_PORT=str(c.ray_port),

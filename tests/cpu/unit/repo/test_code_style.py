@@ -48,6 +48,14 @@ def test_the_plugin_imports_no_nemo_gym_module():
     assert found.returncode == 1 and found.stdout == "", found.stdout
 
 
+def test_nothing_under_recipe_imports_the_tests_support():
+    # The plugin, its CPU backend and the demo are what users run; `tests/support/` is test support, never deployed.
+    found = subprocess.run(
+        ["grep", "-rnE", r"^\s*(import|from) tests(\.|\s)", "recipe"], cwd=REPO, capture_output=True, text=True
+    )
+    assert found.returncode == 1 and found.stdout == "", found.stdout
+
+
 def module_imports(package: Path, name: str) -> dict[str, set[str]]:
     """The imports each module of `package` (dotted `name`) runs when it is imported: module-level statements only
     (an import inside a function runs later, and one under `if TYPE_CHECKING:` never), each resolved to the module
@@ -115,7 +123,10 @@ def test_import_cycles_are_found_where_there_is_one():
     assert import_cycles({"p.a": {"p.b"}, "p.b": set()}) == []
 
 
-def test_the_plugin_package_has_no_import_cycle():
+def test_the_plugin_package_and_the_demo_have_no_import_cycle():
     graph = module_imports(REPO / "recipe" / "nemo_gym", "recipe.nemo_gym")
     assert len(graph) > 40 and "recipe.nemo_gym.gym.owned.launch" in graph["recipe.nemo_gym.gym.connect"]
     assert import_cycles(graph) == []
+    demo = module_imports(REPO / "recipe" / "nemo_gym_demo", "recipe.nemo_gym_demo")
+    assert "recipe.nemo_gym_demo.console" in demo["recipe.nemo_gym_demo.__main__"]
+    assert import_cycles(demo) == []
