@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""docs/environments.md, the table of NeMo Gym's environments, against the Gym installed in `.venv-gym`.
+
+- The table has one row per folder of the installed Gym's `environments/` and no other: a Gym release that adds or
+  drops an environment fails here, the message naming the rows to add and the rows to remove.
+- Every status is one of the page's four kinds ("runs here: ...", "needs: ...", "candidate: nothing blocking found
+  (not run)", "moved to `...`"); a "needs" status lists only the page's kinds of need; a moved row points at another
+  row of the table; a PyPI package a row says is missing is indeed not in `packaging/gym-requirements.txt`.
+- Every "runs here" row names test files that exist and mention the environment's resources server (read from the
+  environment's own config in the wheel, and the configs it names, with `yaml`).
+- Every config path in the table is a file under the installed Gym's root.
+
+Gym's root is `seams.nemo_gym_install_root()`: the Gym environment's interpreter says where `nemo_gym` lies
+(`importlib.util.find_spec`); no module of NeMo Gym is imported. Without an `environments/` folder there (Gym before
+0.7, named by `$NEMO_GYM_ENV`), the tests skip.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from tests.support.helpers import REPO_ROOT as REPO
+
+PAGE = REPO / "docs" / "environments.md"
+GYM_REQUIREMENTS = REPO / "packaging" / "gym-requirements.txt"
+HEADER = "| Environment | Task | Status here | Config to start from |"
+
+RUNS_HERE = "runs here: "
+NEEDS = "needs: "
+CANDIDATE = "candidate: nothing blocking found (not run)"
+MOVED = re.compile(r"moved to `([\w.-]+)`")
+NEED_KINDS = (
+    "judge model",
+    "user-simulator model",
+    "sandbox",
+    "docker",
+    "network access",
+    "CLI agent harness",
+    "git-only dependency",
+    "image-capable policy",
+    "PyPI packages",
+    "data download",
+)
+"""The page's kinds of need, each what the CPU test machine (no network, model hub or docker) cannot give."""
+
+_CODE = re.compile(r"`([^`]+)`")
+_NEED_SEPARATOR = re.compile(r";\s*(?![^()]*\))")  # a semicolon outside parentheses
+
+
+@dataclass(frozen=True)
+class Row:
+    environment: str
+    task: str
+    status: str
+    configs: tuple[str, ...]
+    line: int
+
+    def where(self) -> str:
+        return f"docs/environments.md:{self.line} ({self.environment})"
+
+
+def table_rows() -> list[Row]:
+    """The rows of the page's table, from the line after its header's separator to the first line not a row."""
+    lines = PAGE.read_text().splitlines()
+    assert HEADER in lines, f"docs/environments.md has no table headed {HEADER!r}"
+    start = lines.index(HEADER) + 2
+    rows = []
+    for number, line in enumerate(lines[start:], start + 1):
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        assert len(cells) == 4, f"docs/environments.md:{number}: {len(cells)} cells, not 4: {line}"
+        name = re.fullmatch(r"`([\w.-]+)`", cells[0])
+        assert name, f"docs/environments.md:{number}: the first cell is not one `name`: {cells[0]}"
+        rows.append(Row(name[1], cells[1], cells[2], tuple(_CODE.findall(cells[3])), number))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def gym_root() -> Path:
+    """The installed Gym's root (its site-packages folder: `nemo_gym/`, `environments/`, `resources_servers/`)."""
+    root = nemo_gym_install_root()
+    if not (root / "environments").is_dir():
+        pytest.skip(f"the NeMo Gym at {root} has no environments/ folder (a Gym before 0.7)")
+    return root
+
+
+def environment_folders(root: Path) -> set[str]:
+    return {p.name for p in (root / "environments").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+
+
+def needs_of(status: str) -> list[str]:
+    return [need.strip() for need in _NEED_SEPARATOR.split(status.removeprefix(NEEDS))]
+
+
+def resources_servers(root: Path, environment: str) -> set[str]:
+    """The resources servers (their folder names under `resources_servers/`) that the environment's own configs,
+    and the configs those name in `config_paths`, start."""
+    found: set[str] = set()
+    pending = sorted((root / "environments" / environment).glob("config*.yaml"))
+    seen: set[Path] = set()
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        config = yaml.safe_load(path.read_text()) or {}
+        pending.extend(root / named for named in config.get("config_paths", []))
+        for instance in config.values():
+            if isinstance(instance, dict) and isinstance(instance.get("resources_servers"), dict):
+                found.update(instance["resources_servers"])
+    return found
+
+
+def locked_gym_packages() -> set[str]:
+    """The packages `packaging/gym-requirements.txt` locks (`name==version` lines), names normalised."""
+    names = re.findall(r"^([A-Za-z0-9][\w.-]*)==", GYM_REQUIREMENTS.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+
+def test_the_table_has_one_row_per_environment_folder_of_the_installed_gym(gym_root):
+    named = [row.environment for row in table_rows()]
+    folders = environment_folders(gym_root)
+    to_add, to_remove = sorted(folders - set(named)), sorted(set(named) - folders)
+    twice = sorted({name for name in named if named.count(name) > 1})
+    assert not (to_add or to_remove or twice), (
+        f"docs/environments.md is out of step with {gym_root / 'environments'}: rows to add {to_add}, "
+        f"rows to remove {to_remove}, rows given twice {twice}"
+    )
+
+
+def test_every_status_is_runs_here_a_list_of_needs_a_candidate_or_moved():
+    rows = table_rows()
+    names = {row.environment for row in rows}
+    moved = {row.environment for row in rows if MOVED.fullmatch(row.status)}
+    locked = locked_gym_packages()
+    wrong = []
+    for row in rows:
+        if row.status.startswith(NEEDS):
+            for need in needs_of(row.status):
+                if not need.startswith(NEED_KINDS):
+                    wrong.append(f"{row.where()}: {need!r} is none of the page's needs {NEED_KINDS}")
+                elif need.startswith("PyPI packages"):
+                    wrong += [
+                        f"{row.where()}: {package!r} is named as missing, but gym-requirements.txt locks it"
+                        for package in _CODE.findall(need)
+                        if re.sub(r"[-_.]+", "-", package).lower() in locked
+                    ]
+        elif target := MOVED.fullmatch(row.status):
+            if target[1] not in names or target[1] in moved:
+                wrong.append(f"{row.where()}: moved to {target[1]!r}, which is no row of its own in the table")
+        elif not row.status.startswith((RUNS_HERE, CANDIDATE)):
+            wrong.append(f"{row.where()}: status {row.status!r} is none of runs here / needs / candidate / moved")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_runs_here_row_names_existing_tests_that_mention_its_resources_server(gym_root):
+    rows = [row for row in table_rows() if row.status.startswith(RUNS_HERE)]
+    assert rows, "no row of docs/environments.md runs here"
+    wrong = []
+    for row in rows:
+        tests = re.findall(r"`(tests/[^`]+\.py)`", row.status)
+        servers = resources_servers(gym_root, row.environment)
+        if not tests:
+            wrong.append(f"{row.where()}: runs here, but names no test file")
+        if not servers:
+            wrong.append(f"{row.where()}: no resources server found in the environment's configs")
+        for test in tests:
+            if not (REPO / test).is_file():
+                wrong.append(f"{row.where()}: {test} does not exist")
+            elif servers and not any(server in (REPO / test).read_text() for server in servers):
+                wrong.append(f"{row.where()}: {test} does not mention its resources server {sorted(servers)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_config_in_the_table_is_a_file_of_the_installed_gym(gym_root):
+    wrong = []
+    for row in table_rows():
+        if not row.configs:
+            wrong.append(f"{row.where()}: names no config")
+        missing = [path for path in row.configs if not (gym_root / path).is_file()]
+        wrong += [f"{row.where()}: no file {gym_root / path}" for path in missing]
+    assert not wrong, "\n".join(wrong)
