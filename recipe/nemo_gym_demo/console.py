@@ -297,19 +297,31 @@ def _read_into(pipe: Any, handle: Callable[[str], None]) -> None:
 
 
 @contextlib.contextmanager
-def _signals_passed_to(proc: subprocess.Popen) -> Iterator[None]:
-    """SIGINT and SIGTERM to this process go to the launcher while it runs (a main thread's handlers only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _signals_passed_on() -> Iterator[Callable[[subprocess.Popen], None]]:
+    """SIGINT and SIGTERM to this process go to the launcher, which the caller names with the function this yields
+    once it has started it (a signal that came before goes then). Installed before the launcher starts, so that it
+    inherits the default dispositions, not an ignored SIGINT this process may have. A main thread's handlers only."""
+    target: list[subprocess.Popen] = []
+    pending: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
+        if not target:
+            pending.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+            os.kill(target[0].pid, signum)
 
+    def started(proc: subprocess.Popen) -> None:
+        target.append(proc)
+        for signum in pending[:1]:
+            forward(signum, None)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda proc: None
+        return
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield started
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -324,36 +336,37 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
     with open(spec.log_file, "a" if append else "w", buffering=1) as log:
         log.write(f"$ {' '.join(argv)}\n")
         view = _Console(spec, console, log, started)
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO_ROOT,  # relative NeMo Gym config and server paths (resources_servers/...) resolve here
-            text=True,
-            errors="replace",
-            start_new_session=True,  # a terminal's Ctrl-C reaches it once, from here
-        )
-        readers = [
-            threading.Thread(target=_read_into, args=(proc.stdout, view.trainer_line), daemon=True),
-            threading.Thread(target=_read_into, args=(proc.stderr, view.launcher_line), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
-        # The launcher ends its trainer within its grace once told to; SIGKILL only if it does not.
-        stop = threading.Timer(timeout_s, proc.send_signal, args=(signal.SIGTERM,))
-        kill = threading.Timer(timeout_s + 3 * STOP_GRACE_S + 60, proc.kill)
-        stop.start()
-        kill.start()
-        try:
-            with _signals_passed_to(proc):
+        with _signals_passed_on() as launcher_started:
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=REPO_ROOT,  # relative NeMo Gym config and server paths (resources_servers/...) resolve here
+                text=True,
+                errors="replace",
+                start_new_session=True,  # a terminal's Ctrl-C reaches it once, from here
+            )
+            launcher_started(proc)
+            readers = [
+                threading.Thread(target=_read_into, args=(proc.stdout, view.trainer_line), daemon=True),
+                threading.Thread(target=_read_into, args=(proc.stderr, view.launcher_line), daemon=True),
+            ]
+            for reader in readers:
+                reader.start()
+            # The launcher ends its trainer within its grace once told to; SIGKILL only if it does not.
+            stop = threading.Timer(timeout_s, proc.send_signal, args=(signal.SIGTERM,))
+            kill = threading.Timer(timeout_s + 3 * STOP_GRACE_S + 60, proc.kill)
+            stop.start()
+            kill.start()
+            try:
                 proc.wait()
-        finally:
-            stop.cancel()
-            kill.cancel()
-            for reader in readers:  # only the launcher holds these pipes: they close with it
-                reader.join(timeout=10.0)
+            finally:
+                stop.cancel()
+                kill.cancel()
+                for reader in readers:  # only the launcher holds these pipes: they close with it
+                    reader.join(timeout=10.0)
     with view.lock:
         view.show_new_steps()
     status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

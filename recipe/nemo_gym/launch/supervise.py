@@ -72,13 +72,24 @@ def run_trainer(
     stopped_by: list[int] = []
     stop_started: list[float] = []
     killed: list[bool] = []
+    started: list[subprocess.Popen] = []  # the trainer, once started
+    interrupted: list[bool] = []
 
     def kill_group() -> None:
         killed.append(True)
-        signal_group(proc.pid, signal.SIGKILL)
+        signal_group(started[0].pid, signal.SIGKILL)
 
     kill_timer = threading.Timer(stop_grace_s, kill_group)
     kill_timer.daemon = True
+
+    def interrupt() -> None:
+        if interrupted:
+            return
+        interrupted.append(True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started[0].pid, signal.SIGINT)
+        with contextlib.suppress(RuntimeError):  # started already, by a handler that ran in between
+            kill_timer.start()
 
     def on_signal(signum: int, frame: object) -> None:
         if stopped_by:
@@ -87,25 +98,36 @@ def run_trainer(
         stop_started.append(time.monotonic())
         name = signal.Signals(signum).name
         say(f"{name} received: SIGINT to the trainer, its group killed after {stop_grace_s:.0f} s")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGINT)
-        kill_timer.start()
+        if started:
+            interrupt()
 
-    proc = subprocess.Popen(
-        list(argv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=dict(env),
-        text=True,
-        errors="replace",
-        start_new_session=True,  # its own process group: what it leaves behind is found and stopped
-    )
+    # The handlers go in before the trainer starts: a handled signal is reset to its default in the child, while an
+    # ignored one stays ignored there, and this process may have SIGINT ignored (a background job of a
+    # non-interactive shell, as under ray_on_slurm.sh; nohup): Python would then not turn SIGINT into
+    # KeyboardInterrupt in the trainer, and verl's driver would never stop on it.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group: what it leaves behind is found and stopped
+        )
+    except BaseException:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
+    started.append(proc)
+    if stopped_by:  # a signal arrived while it started
+        interrupt()
     # The output is read by a thread: a process the trainer leaves behind may hold its pipe open long after the
     # trainer has exited, and the job ends with the trainer, not with the pipe.
     reader = threading.Thread(target=_copy, args=(proc.stdout, write, tail), daemon=True)
     reader.start()
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         proc.wait()
         if killed:

@@ -49,6 +49,21 @@ while True:
 """
 
 
+# Stops only the way Python stops a program on SIGINT (KeyboardInterrupt), as verl's driver does: with SIGINT ignored
+# from its parent, it would not stop at all.
+INTERRUPTIBLE_TRAINER = """
+import sys, time
+out = sys.argv[1]
+try:
+    open(out, "a").write("ready\\n")
+    while True:
+        time.sleep(0.1)
+except KeyboardInterrupt:
+    open(out, "a").write("sigint\\n")
+    raise SystemExit(1)
+"""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -88,16 +103,22 @@ def test_what_the_trainer_leaves_in_its_process_group_is_stopped(tmp_path):
     assert not _alive(child)
 
 
-def _launcher_with(tmp_path: Path, mode: str, grace_s: float) -> tuple[subprocess.Popen, Path]:
+def _launcher_with(
+    tmp_path: Path, mode: str, grace_s: float, trainer: str = STOPPABLE_TRAINER, sigint_ignored: bool = False
+) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "trainer.out"
     code = (
         "import os, sys\n"
         "from recipe.nemo_gym.launch.supervise import run_trainer\n"
-        f"sys.exit(run_trainer([sys.executable, '-c', {STOPPABLE_TRAINER!r}, {str(out)!r}, {mode!r}], "
+        f"sys.exit(run_trainer([sys.executable, '-c', {trainer!r}, {str(out)!r}, {mode!r}], "
         f"dict(os.environ), {grace_s}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    launcher = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    # What a background job of a non-interactive shell gets (ray_on_slurm.sh runs the launcher with `&`).
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, preexec_fn=ignore
+    )
     deadline = time.monotonic() + 30
     while not (out.exists() and "ready" in out.read_text()):
         assert launcher.poll() is None and time.monotonic() < deadline, "the trainer did not start"
@@ -127,3 +148,12 @@ def test_a_trainer_that_ignores_sigint_is_killed_after_the_grace(tmp_path):
     assert out.read_text().splitlines() == ["ready", "sigint"]
     assert time.monotonic() - started < 20
     assert "launch: the trainer did not stop within 1 s of SIGINT; its process group was killed" in err
+
+
+def test_a_launcher_started_with_sigint_ignored_still_stops_its_trainer_with_sigint(tmp_path):
+    launcher, out = _launcher_with(tmp_path, "stop", grace_s=30, trainer=INTERRUPTIBLE_TRAINER, sigint_ignored=True)
+    launcher.send_signal(signal.SIGTERM)  # what the bootstrap's teardown sends
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 143, err
+    assert out.read_text().splitlines() == ["ready", "sigint"]  # the trainer took SIGINT as KeyboardInterrupt
+    assert "its process group was killed" not in err
