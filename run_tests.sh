@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ./setup.sh
-# Slurm and munge for tests/cpu/e2e/test_slurm.py (the submit scripts under a real one-node Slurm cluster):
+# Slurm and munge for tests/cpu/e2e/test_slurm*.py (the submit scripts under a real one-node Slurm cluster):
 # installed with apt-get when missing and running as root; otherwise a message, and those tests say why.
 tests/cpu/install_slurm.sh
 # Two pytest-xdist workers (NG_TEST_WORKERS), each taking whole modules in the order conftest.py gives them, one
