@@ -44,7 +44,9 @@ import pytest
 # real job, 160 s, carries a killed Gym server: now test_slurm_training), load 255, attach 233, manager_exit 218
 # (with the shared engine's start), attach_training 170 (its run carries a killed policy server), end_to_end_gym_0_4
 # 103: the heavy worker's 31 min were the whole run's wall time, while the other worker idled from about minute 13.
-# So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures).
+# So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures): 27.2
+# min (2026-11-28), the other worker idle from minute 19.4. test_more_environments then took in the offline blend's
+# seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s).
 # manager_exit, end_to_end, end_to_end_gym_0_4, more_environments and load share one verl vLLM server (the
 # `shared_engine` fixture, about 100-150 s to start), so they come together: the engine lives only while they run.
 HEAVY_MODULES = (
