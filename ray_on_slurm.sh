@@ -45,9 +45,11 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
     [[ ${#CONTAINER[@]} == 0 ]] || log "DRY_RUN: every node runs Ray and the launcher in: srun ${CONTAINER[*]}"
     exec "${LAUNCH[@]}" dry-run "$@"
 fi
-settings=$(on_node "${LAUNCH[@]}" ray-env "$@") || die "the job did not pass its checks (the launcher's error is above)"
+# The head is the allocation's first node; `ray-env` runs there and exports NG_HEAD_IP, the address others reach.
+[[ -z "${SLURM_JOB_ID:-}" ]] || mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+HEAD=${NODES[0]:-localhost}
+settings=$(on_node -w "$HEAD" "${LAUNCH[@]}" ray-env "$@") || die "the job did not pass its checks (the error is above)"
 eval "$settings"
-STOP_GRACE_S=${NG_STOP_GRACE_S:-60}
 read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
 [[ -z "$NG_RAY_TEMP_DIR" ]] || RAY_ARGS+=(--temp-dir="$NG_RAY_TEMP_DIR")
 RAY_ARGS+=(--disable-usage-stats --block)
@@ -72,7 +74,7 @@ teardown() {  # the launcher first (it stops the trainer, with its own grace), t
     local rc=$? i outcome
     trap - EXIT INT TERM
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-        stop_pid "${PIDS[i]}" "${NAMES[i]}" $((i == ${#PIDS[@]} - 1 ? 2 * STOP_GRACE_S + 30 : STOP_GRACE_S))
+        stop_pid "${PIDS[i]}" "${NAMES[i]}" $((i == ${#PIDS[@]} - 1 ? 2 * NG_STOP_GRACE_S + 30 : NG_STOP_GRACE_S))
     done
     [[ ! -s "$NG_OUTCOME_FILE" ]] || outcome=$(<"$NG_OUTCOME_FILE")
     rm -rf "$JOB_TMP"
@@ -87,32 +89,19 @@ trap teardown EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
-# The head: the first node of the allocation, at an address the others reach (`hostname --ip-address` unless it is a
-# loopback one, as Debian's /etc/hosts gives, then the first of `hostname -I`).
-# shellcheck disable=SC2016  # expanded on the head node
-HEAD_IP_CMD='ip=$(hostname --ip-address 2>/dev/null | awk "{print \$1}")
-case "$ip" in 127.* | ::1 | "") ip=$(hostname -I 2>/dev/null | awk "{print \$1}") || true ;; esac
-echo "${ip:-127.0.0.1}"'
-if [[ -n "${SLURM_JOB_ID:-}" ]]; then
-    mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    ((${#NODES[@]} == NG_NNODES)) || die "the job asks for cluster.nnodes=$NG_NNODES but Slurm allocated" \
-        "${#NODES[@]} node(s) (${NODES[*]}); submit with: sbatch --nodes=$NG_NNODES ..."
-    HEAD=${NODES[0]}
-    HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" bash -c "$HEAD_IP_CMD")
-    log "starting the Ray head on $HEAD ($HEAD_IP:$NG_RAY_PORT), ${#NODES[@]} node(s), each with: $NG_RAY_START_ARGS"
-    on_node -w "$HEAD" ray start --head --node-ip-address="$HEAD_IP" --port="$NG_RAY_PORT" \
-        --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
-    track $! "the Ray head (srun on $HEAD)"
-else
+if [[ -z "${SLURM_JOB_ID:-}" ]]; then
     ((NG_NNODES == 1)) || die "cluster.nnodes=$NG_NNODES needs Slurm (no SLURM_JOB_ID here): submit with sbatch"
-    HEAD_IP=127.0.0.1
-    log "no Slurm job: starting a local Ray head on port $NG_RAY_PORT with: $NG_RAY_START_ARGS"
-    ray start --head --port="$NG_RAY_PORT" --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
-    track $! "the local Ray head"
+elif ((${#NODES[@]} != NG_NNODES)); then
+    die "the job asks for cluster.nnodes=$NG_NNODES but Slurm allocated ${#NODES[@]} node(s) (${NODES[*]});" \
+        "submit with: sbatch --nodes=$NG_NNODES ..."
 fi
-export RAY_ADDRESS="$HEAD_IP:$NG_RAY_PORT"
+log "starting the Ray head on $HEAD ($NG_HEAD_IP:$NG_RAY_PORT), $NG_NNODES node(s), each with: $NG_RAY_START_ARGS"
+on_node -w "$HEAD" ray start --head --node-ip-address="$NG_HEAD_IP" --port="$NG_RAY_PORT" \
+    --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
+track $! "the Ray head on $HEAD"
+export RAY_ADDRESS="$NG_HEAD_IP:$NG_RAY_PORT"
 deadline=$((SECONDS + NG_RAY_JOIN_TIMEOUT_S))
-until (: >"/dev/tcp/$HEAD_IP/$NG_RAY_PORT") 2>/dev/null; do  # the head's port answers: the others may join
+until (: >"/dev/tcp/$NG_HEAD_IP/$NG_RAY_PORT") 2>/dev/null; do  # the head's port answers: the others may join
     kill -0 "${PIDS[0]}" 2>/dev/null || die "${NAMES[0]} exited before it answered on $RAY_ADDRESS"
     ((SECONDS < deadline)) || die "the Ray head did not answer on $RAY_ADDRESS within $NG_RAY_JOIN_TIMEOUT_S s"
     sleep 1
@@ -125,7 +114,7 @@ fi
 
 # The launcher waits until every node has joined, then runs the trainer. Whichever ends first ends the job: the
 # launcher with its status, a Ray piece as a failure (the EXIT trap then stops the rest).
-on_node -w "${HEAD:-localhost}" "${LAUNCH[@]}" run "$@" &
+on_node -w "$HEAD" "${LAUNCH[@]}" run "$@" &
 LAUNCHER=$!
 track "$LAUNCHER" "the launcher"
 while true; do

@@ -71,7 +71,7 @@ find_python313() {
 }
 
 stamp_of_lock() { { sha256sum uv.lock pyproject.toml setup.sh; echo "$VLLM_BUILD"; } | sha256sum | cut -c1-16; }
-stamp_of_gym_lock() { sha256sum packaging/gym-requirements.txt setup.sh | sha256sum | cut -c1-16; }
+stamp_of_gym_lock() { sha256sum packaging/gym-requirements.txt packaging/wordle-guesses.txt setup.sh | sha256sum | cut -c1-16; }
 
 trainer_ready() { [[ -x .venv/bin/python && -f .venv/.lock-stamp && "$(cat .venv/.lock-stamp)" == "$(stamp_of_lock)" ]]; }
 gym_ready() { [[ -x .venv-gym/bin/python && -f .venv-gym/.lock-stamp && "$(cat .venv-gym/.lock-stamp)" == "$(stamp_of_gym_lock)" ]]; }
@@ -106,6 +106,8 @@ if ! gym_ready; then
     rm -rf .venv-gym
     "$UV" venv --quiet --python "$PY313" .venv-gym
     "$UV" pip sync --quiet --compile-bytecode --python .venv-gym/bin/python "${target[@]}" packaging/gym-requirements.txt
+    # wordle's word list, which Gym's wheel does not ship and its generate_data.py downloads (see the file's header).
+    cp packaging/wordle-guesses.txt "$(echo .venv-gym/lib/python3.*/site-packages/resources_servers/wordle/data)/guesses.txt"
     stamp_of_gym_lock > .venv-gym/.lock-stamp
     echo "setup.sh: NeMo Gym environment ready in $(( $(date +%s) - start )) s ($(du -sh .venv-gym | cut -f1))" >&2
 fi

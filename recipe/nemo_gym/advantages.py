@@ -168,6 +168,12 @@ def register_failure_aware_estimators(min_valid_per_group: int = DEFAULT_MIN_VAL
 def plain_estimator_warning(adv_estimator: str) -> str | None:
     """The start-up warning for a plain verl group estimator (failed rows' zeros enter the baseline), else None."""
     name = str(getattr(adv_estimator, "value", adv_estimator))
+    if name == "gdpo":
+        return (
+            "algorithm.adv_estimator=gdpo: a failed NeMo Gym episode's reward components (0) enter its group's "
+            "per-component normalization and shift its siblings' advantages; verl 0.9.1 hands GDPO's per-component "
+            "inputs to no other estimator name, so the plugin has no failure-aware GDPO"
+        )
     if name not in WRAPPED:
         return None
     return (

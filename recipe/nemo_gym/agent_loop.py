@@ -35,6 +35,12 @@ Contract with verl (see the README, "How it works"):
 - A failed episode changes no statistic: with `algorithm.adv_estimator=nemo_gym_grpo` (or another failure-aware
   estimator, registered when the manager is built: `advantages.py`) it is left out of its group's baseline, and
   verl's `critic/score/*` leaves it out (`packing/batch.py`). A plain verl group estimator gets a warning.
+- Several reward components: an environment's `reward_components` reach the metrics per environment
+  (`timing_s/nemo_gym/<env>/reward_component/<name>/mean`). Under verl's GDPO (`algorithm.adv_estimator=gdpo`,
+  `algorithm.gdpo_reward_keys=[...]`) each batch also carries the named components per row, which GDPO
+  normalizes one by one; a result without one fails as BAD_REWARD. GDPO is not failure-aware: verl hands its
+  extra inputs to no other estimator name, so a failed row's components (0) enter its group's normalization, and
+  the plain-estimator warning says so.
 - All NeMo Gym calls run on one event loop this manager owns (the connection's aiohttp session is bound to the
   loop it was made on, and verl's `create` runs on a loop that is closed right after). It is the only
   `BackgroundLoop` in production: the Gym's `GymConnection` borrows it, and its `collect` is awaited on it
@@ -135,6 +141,7 @@ class NeMoGymAgentLoopManager:
         self.llm_client = llm_client
         self.budget = FailureBudget(self.plugin_config.failures.max_fraction)
         self.adv_estimator = _adv_estimator(config)
+        self.gdpo_reward_keys = _gdpo_reward_keys(config, self.adv_estimator)
         # verl computes advantages in this process (the TaskRunner): the failure-aware estimators must be known here.
         register_failure_aware_estimators(self.plugin_config.failures.min_valid_per_group)
         if (warning := plain_estimator_warning(self.adv_estimator)) is not None:
@@ -254,6 +261,7 @@ class NeMoGymAgentLoopManager:
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             pad_token_id=self.pad_token_id,
+            component_keys=self.gdpo_reward_keys,
         )
         # The batch's output memory is first touched in a worker thread while NeMo Gym runs, not after it.
         prefaulted = asyncio.get_running_loop().run_in_executor(None, packer.prefault)
@@ -281,7 +289,9 @@ class NeMoGymAgentLoopManager:
                 outcome = result
             else:
                 try:
-                    outcome = episode_from_result(result, max_prompt_length=self.prompt_length)
+                    outcome = episode_from_result(
+                        result, max_prompt_length=self.prompt_length, required_components=self.gdpo_reward_keys
+                    )
                 except EpisodeDataError as e:
                     outcome = EpisodeFailure(e.cause, e.detail, row=row)
             fallback = None
@@ -373,6 +383,20 @@ def _adv_estimator(config: Any) -> str:
     algorithm = config.get("algorithm") if hasattr(config, "get") else None
     name = algorithm.get("adv_estimator") if algorithm is not None else None
     return str(getattr(name, "value", name or ""))
+
+
+def _gdpo_reward_keys(config: Any, adv_estimator: str) -> tuple[str, ...]:
+    """Under verl's GDPO (`algorithm.adv_estimator=gdpo`), the reward components it normalizes one by one
+    (`algorithm.gdpo_reward_keys`): each batch carries them per row, from the environments' `reward_components`."""
+    if adv_estimator != "gdpo":
+        return ()
+    keys = config.algorithm.get("gdpo_reward_keys") or ()
+    if not keys:
+        raise ConfigError(
+            "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the names of the reward components "
+            "your NeMo Gym environments return in `reward_components` (e.g. [correctness,schema_valid,format])"
+        )
+    return tuple(str(key) for key in keys)
 
 
 def _node_ip() -> str:

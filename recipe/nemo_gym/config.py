@@ -121,8 +121,9 @@ class NeMoGymSection(_Strict):
     uses_reasoning_parser: bool = False
     """Must match whether verl's vLLM servers run a reasoning parser."""
     venv_dir: Path | None = None
-    """Where per-server `.venv` links to the running environment are made. Default: `nemo_gym_venvs` under the
-    plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`)."""
+    """Where per-server `.venv` links to the running environment are made. Default: a folder per Gym interpreter in
+    `nemo_gym_venvs` under the plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`). A folder
+    given here serves one Gym environment: two stacks with different ones need two."""
     log_dir: Path | None = None
 
     @field_validator("config_overrides")

@@ -131,10 +131,10 @@ def held_files() -> Held:
     return Held(frozenset(files), frozenset(sockets))
 
 
-def remove_leftovers(since: float) -> list[str]:
+def remove_leftovers(since: float, patterns=PATTERNS) -> list[str]:
     """Remove this job's orphaned vLLM/verl files (see the module docstring); returns the paths removed."""
     removed = []
-    for path in orphans(candidates(), held_files(), since):
+    for path in orphans(candidates(patterns), held_files(), since):
         try:
             os.unlink(path)
             removed.append(path)

@@ -17,8 +17,11 @@ environment's score (`acc`, below) and visible as `val-aux/<env>/nemo_gym/failed
 Keys (for each environment, and for `all`): `episodes`, `failed`, `failed/<cause>`, `retried` (episodes run more
 than once), `recovered` (retried and then packed), `truncated`, `truncated_rate`, `stopped_on_length`, and
 `<x>/mean`, `<x>/max` over the episodes that were packed, for `num_turns`, `generated_tokens`, `trained_tokens`,
-`env_tokens`, `total_tokens`, `reward`. With a failure-aware estimator, `groups_short_of_valid`: prompt groups
-that failures left with fewer than `failures.min_valid_per_group` valid episodes (advantage 0 on all their rows).
+`env_tokens`, `total_tokens`, `reward`; and `reward_component/<name>/mean` and `/max` for each reward component an
+environment returned (`reward_components`, NeMo Gym 0.7's multi-objective environments), over the packed episodes
+that returned it (an environment without components adds none). With a failure-aware estimator,
+`groups_short_of_valid`: prompt groups that failures left with fewer than `failures.min_valid_per_group` valid
+episodes (advantage 0 on all their rows).
 
 In validation, `acc` is each episode's reward, or None for a failed episode, which verl's `process_validation_metrics`
 skips: `val-core/<env>/acc/mean@N` is the environment's score over the episodes that did not fail, while
@@ -37,6 +40,9 @@ from recipe.nemo_gym.failures import FailureCause
 from recipe.nemo_gym.packing.stats import PackStats
 
 PREFIX = "nemo_gym/"
+COMPONENT = "reward_component/"
+"""`<env>/reward_component/<name>/mean|max`: an environment's reward components, over its packed episodes that
+returned them."""
 VALIDATION_FAILED_KEY = "nemo_gym/failed"
 """Per validation episode: 1.0 if it failed (masked, reward 0), else 0.0."""
 VALIDATION_CAUSE_KEY = "nemo_gym/failure_cause"
@@ -53,8 +59,9 @@ def select_rows(stats: PackStats, rows: np.ndarray) -> PackStats:
         **{
             field.name: getattr(stats, field.name)[rows]
             for field in dataclasses.fields(stats)
-            if getattr(stats, field.name) is not None
+            if isinstance(getattr(stats, field.name), np.ndarray)
         },
+        reward_components={name: values[rows] for name, values in stats.reward_components.items()},
     )
 
 
@@ -89,6 +96,11 @@ def batch_metrics(stats: PackStats, prefix: str = PREFIX) -> dict[str, float]:
         values = getattr(stats, name)[ok]
         out[f"{prefix}{name}/mean"] = float(values.mean()) if n_ok else 0.0
         out[f"{prefix}{name}/max"] = float(values.max()) if n_ok else 0.0
+    for name, values in sorted(stats.reward_components.items()):
+        given = values[ok & ~np.isnan(values)]  # the packed episodes that returned this component
+        if len(given):
+            out[f"{prefix}{COMPONENT}{name}/mean"] = float(given.mean())
+            out[f"{prefix}{COMPONENT}{name}/max"] = float(given.max())
     return out
 
 

@@ -40,19 +40,18 @@ from pathlib import Path
 import pytest
 
 # The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-27, the cost report of a whole run, module totals): main_ppo 749 s (its two runs), slurm 484
-# (its real job carries a killed Gym server), job_failures 63 (bad rows before the workers; the rest on a stand-in
-# trainer), manager_exit 481 (with the shared engine's start), end_to_end 108, end_to_end_gym_0_4 167,
-# more_environments 83, load 440, attach_training 268 (its run carries a killed policy server), attach 362: 53.4
-# min. The five after job_failures share one verl vLLM server (the `shared_engine` fixture, about 150 s to start),
-# so they come together: the engine lives only while they run. The other worker starts no verl engine but
-# test_multiturn_http's (vLLM's reasoning parser); test_reliability runs on the CPU policy server. Its modules took
-# 29 min, so attach_training and test_attach (two engines of its own, ~9 GB) run when it has finished: beside an
-# engine of the other worker, Ray's memory monitor once killed test_attach's engines.
+# Measured (2026-11-27, a fresh clone's whole run, module totals): main_ppo 391 s (its two runs), slurm 300 (its
+# real job, 160 s, carries a killed Gym server: now test_slurm_training), load 255, attach 233, manager_exit 218
+# (with the shared engine's start), attach_training 170 (its run carries a killed policy server), end_to_end_gym_0_4
+# 103: the heavy worker's 31 min were the whole run's wall time, while the other worker idled from about minute 13.
+# So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures): 27.2
+# min (2026-11-28), the other worker idle from minute 19.4. test_more_environments then took in the offline blend's
+# seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s).
+# manager_exit, end_to_end, end_to_end_gym_0_4, more_environments and load share one verl vLLM server (the
+# `shared_engine` fixture, about 100-150 s to start), so they come together: the engine lives only while they run.
 HEAVY_MODULES = (
     "test_main_ppo.py",
-    "test_slurm.py",
-    "test_job_failures.py",
+    "test_slurm_training.py",
     # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
@@ -60,6 +59,8 @@ HEAVY_MODULES = (
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
     "test_load.py",
+    # Two engines of their own (~9 GB): beside an engine of the other worker, Ray's memory monitor once killed
+    # test_attach's engines.
     "test_attach_training.py",
     "test_attach.py",
 )
@@ -67,9 +68,10 @@ HEAVY_GROUP = "heavy"
 # The folder of the modules that run a training job (verl's main_ppo, a submit script, the launcher): their
 # integration tests are marked `e2e` too (`pytest_itemcollected`), the tier `-m e2e` selects.
 E2E_FOLDER = "e2e"
-# The other modules that start servers (NeMo Gym stacks, our CPU policy server): last on the other worker, the ones
-# with the most processes last. Measured (the whole run above): gym_runtime 445 s, template_matrix 355,
-# multiturn_http 225, reliability 165, example_environment 143, server_patch 100, cpu_policy_server 46.
+# The other modules that start servers (NeMo Gym stacks, our CPU policy server, a Slurm cluster, a stand-in
+# trainer's job): last on the other worker, the ones with the most processes last, and the two that start jobs
+# after the heavy worker's first trainer (the other worker reaches them at about minute 13). Measured (the run
+# above): gym_runtime 234 s, multiturn_http 114, template_matrix 100; the others under 100.
 SERVER_MODULES = (
     "test_example_environment.py",
     "test_cpu_policy_server.py",
@@ -78,6 +80,8 @@ SERVER_MODULES = (
     "test_multiturn_http.py",
     "test_gym_runtime.py",
     "test_reliability.py",
+    "test_slurm.py",
+    "test_job_failures.py",
 )
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Install Slurm and munge (Debian/Ubuntu packages slurm-wlm and munge) when they are missing, for the tests
-# that run the submit scripts under a private one-node Slurm cluster (tests/cpu/e2e/test_slurm.py).
+# that run the submit scripts under a private one-node Slurm cluster (tests/cpu/e2e/test_slurm.py and
+# test_slurm_training.py).
 #
 # Called by run_tests.sh before pytest. Quiet when everything is there. Never fails the test run: when it
 # cannot install (not root, no apt-get, no network), it says so and returns 0; the Slurm tests then fail

@@ -5,7 +5,8 @@
 - starts `python -m tests.support.suite_cost sample DIR` beside its pytest runs. It reads the machine's
   memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
   `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the minute of the run, the tests pytest's
-  workers were running and the largest processes at that moment;
+  workers were running and the largest processes at that moment; and, per module, when its tests ran (first and
+  last seen in a worker's title) and the peak memory in use meanwhile, in `DIR/modules.json` (`track_modules`);
 - each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
   tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
 - `python -m tests.support.suite_cost report DIR` prints the summary (`format_report`, pure).
@@ -79,7 +80,27 @@ def memory_in_use(meminfo: str) -> int:
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
-def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10) -> str:
+def track_modules(spans: dict[str, dict], running: Iterable[str], now: float, used: int) -> dict[str, dict]:
+    """Fold one sample into `spans` (module -> {"first", "last", "peak_bytes"}): the modules of the tests running
+    now were seen at `now`, with `used` bytes in use on the machine."""
+    for module in {test.split("::")[0] for test in running}:
+        span = spans.setdefault(module, {"first": now, "last": now, "peak_bytes": used})
+        span["last"], span["peak_bytes"] = now, max(span["peak_bytes"], used)
+    return spans
+
+
+def timeline(spans: dict[str, dict], started_at: float, *, min_s: float = 30.0) -> list[str]:
+    """The modules that ran at least `min_s` seconds, in the order they started: minutes from the run's start, and
+    the peak machine-wide memory while each ran (what another worker ran meanwhile counts too)."""
+    rows = sorted((span["first"], module, span["last"], span["peak_bytes"]) for module, span in spans.items()
+                  if span["last"] - span["first"] >= min_s)  # fmt: skip
+    return [
+        f"  {(first - started_at) / 60:5.1f} to {(last - started_at) / 60:5.1f} min  {peak / GIB:5.1f} GiB  {module}"
+        for first, module, last, peak in rows
+    ]
+
+
+def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10, spans: dict | None = None) -> str:
     """The summary `./run_tests.sh` prints at its end."""
     lines = ["", "=" * 30 + " what the suite cost " + "=" * 30]
     for run in runs:
@@ -114,6 +135,9 @@ def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10
         lines += [f"  {line}" for line in memory.get("largest_processes", [])]
     else:
         lines.append("peak memory: not sampled")
+    if spans and memory and "started_at" in memory:
+        lines.append("when the modules of 30 s or more ran, and the peak memory in use meanwhile:")
+        lines += timeline(spans, memory["started_at"])
     return "\n".join(lines)
 
 
@@ -147,8 +171,16 @@ def running_tests(titles: Iterable[str]) -> list[str]:
     return sorted(title[len(XDIST_TITLE) :].strip() for title in titles if title.startswith(XDIST_TITLE))
 
 
+def _replace(path: Path, record: dict) -> None:
+    """Write `record` as JSON to `path` whole (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record))
+    partial.replace(path)
+
+
 def sample(folder: Path) -> None:
-    """Sample memory in use until SIGTERM; keep the peak in `folder/memory.json` (replaced whole each time)."""
+    """Sample memory in use until SIGTERM; keep the peak in `folder/memory.json` and the modules' spans in
+    `folder/modules.json` (each replaced whole each time)."""
     running = True
 
     def stop(*_: object) -> None:
@@ -161,18 +193,23 @@ def sample(folder: Path) -> None:
     total = meminfo_bytes(text)["MemTotal"]
     start = peak = memory_in_use(text)
     started_at = time.time()
-    out, partial = folder / "memory.json", folder / "memory.json.partial"
+    out = folder / "memory.json"
+    spans: dict[str, dict] = {}
+    written = 0.0
     while True:
         used = memory_in_use(meminfo.read_text())
+        now, processes = time.time(), _processes()
+        track_modules(spans, running_tests(command for _, _, command in processes), now, used)
+        if now - written >= 5 or not running:
+            _replace(folder / "modules.json", spans)
+            written = now
         if used >= peak or not out.exists():
             peak = max(peak, used)
-            processes = _processes()
             record = {"peak_bytes": peak, "start_bytes": start, "total_bytes": total, "sample_s": SAMPLE_S,
-                      "started_at": started_at, "peak_at": time.time(),
+                      "started_at": started_at, "peak_at": now,
                       "largest_processes": largest_processes(processes=processes),
                       "running": running_tests(command for _, _, command in processes)}  # fmt: skip
-            partial.write_text(json.dumps(record))
-            partial.replace(out)
+            _replace(out, record)
         if not running:
             return
         time.sleep(SAMPLE_S)
@@ -180,10 +217,11 @@ def sample(folder: Path) -> None:
 
 def report(folder: Path) -> str:
     runs = [RunCost.read(path) for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-            if path.name != "memory.json"]  # fmt: skip
-    memory_file = folder / "memory.json"
+            if path.name not in ("memory.json", "modules.json")]  # fmt: skip
+    memory_file, modules_file = folder / "memory.json", folder / "modules.json"
     memory = json.loads(memory_file.read_text()) if memory_file.exists() else None
-    return format_report(runs, memory)
+    spans = json.loads(modules_file.read_text()) if modules_file.exists() else None
+    return format_report(runs, memory, spans=spans)
 
 
 if __name__ == "__main__":

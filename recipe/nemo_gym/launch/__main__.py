@@ -22,7 +22,7 @@ from pathlib import Path
 
 from recipe.nemo_gym.errors import NeMoGymPluginError
 from recipe.nemo_gym.launch import checks
-from recipe.nemo_gym.launch.cluster import wait_for_nodes
+from recipe.nemo_gym.launch.cluster import this_node_address, wait_for_nodes
 from recipe.nemo_gym.launch.compose import CPU_DEFAULT_RAY_CPUS, TRAINER_MODULE, Backend, Launch, compose
 from recipe.nemo_gym.launch.job import Job, load_job
 from recipe.nemo_gym.launch.supervise import run_trainer, say
@@ -77,8 +77,9 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], comm
 
 def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
     """`export` lines for the Ray bootstrap (`ray_on_slurm.sh`): the job's environment, Ray's authentication, then
-    the bootstrap's own settings (`NG_*`). Values are shell-quoted; the secrets of the environment are not among them
-    (a token is one only when the job gets a fresh one)."""
+    the bootstrap's own settings (`NG_*`; NG_HEAD_IP: under Slurm, this node's address for the others, for the
+    bootstrap runs this on the head node; else 127.0.0.1). Values are shell-quoted; the secrets of the environment are
+    not among them (a token is one only when the job gets a fresh one)."""
     c = job.cluster
     values = dict(launch.environment)
     values["PATH"] = f"{Path(sys.executable).parent}:{environ.get('PATH', '')}"  # `ray` of this environment
@@ -97,6 +98,7 @@ def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
         NG_RAY_TEMP_DIR=str(c.ray_temp_dir or ""),
         NG_STOP_GRACE_S=str(c.stop_grace_s),
         NG_RAY_START_ARGS=" ".join(launch.ray_start_args),
+        NG_HEAD_IP=this_node_address() if environ.get("SLURM_JOB_ID") else "127.0.0.1",
     )
     lines = [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
     if job.backend == "cpu" and environ.get("CUDA_VISIBLE_DEVICES", None) == "":

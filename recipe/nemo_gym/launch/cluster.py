@@ -4,14 +4,19 @@
 `count_ray_nodes(status_text)` is pure: the nodes `ray status` (Ray 2.60) lists as Active or Idle, each section a
 list of ` <count> <node type>` lines. `wait_for_nodes` polls `ray status --address` until `expected` nodes are in,
 and raises `ClusterNotFormed` naming how many joined and the last status once its deadline has passed.
+
+`node_address(resolved, interface_addresses)` is pure too: the address of the head node that the other nodes reach,
+which the bootstrap starts Ray's head on (`launch ray-env`, run on that node, exports it as NG_HEAD_IP).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from recipe.nemo_gym.errors import ServerError
 
@@ -21,6 +26,30 @@ _NODE_LINE = re.compile(r"^\s+(\d+)\s+\S")
 
 class ClusterNotFormed(ServerError):
     """Not every node joined the job's Ray cluster within its deadline."""
+
+
+def node_address(resolved: str | None, interface_addresses: Sequence[str]) -> str:
+    """This node's address for the other nodes: its host name's address (`hostname --ip-address`), unless that is a
+    loopback one, as Debian's /etc/hosts gives (127.0.1.1); then its first non-loopback IPv4 interface address (as
+    `hostname -I`); 127.0.0.1 when it has none."""
+    if resolved and not ipaddress.ip_address(resolved).is_loopback:
+        return resolved
+    others = [a for a in interface_addresses if not ipaddress.ip_address(a).is_loopback]
+    return others[0] if others else "127.0.0.1"
+
+
+def this_node_address() -> str:
+    """`node_address` of the machine this runs on."""
+    import psutil
+
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        resolved = None
+    interfaces = [
+        a.address for addresses in psutil.net_if_addrs().values() for a in addresses if a.family == socket.AF_INET
+    ]
+    return node_address(resolved, interfaces)
 
 
 def count_ray_nodes(status_text: str) -> int:

@@ -10,7 +10,8 @@ tool/user/environment tokens and padding), `input_ids`, `attention_mask`, `posit
 (`clip(cumsum(attention_mask) - 1, 0)`, verl's `compute_position_id_with_mask`), `rollout_log_probs` [B,R]
 float32 (0 where not generated), `rm_scores` [B,R] float32; padding uses `pad_token_id` as verl's tokenizer
 padding does; all integer tensors are int64. Non-tensors: `__num_turns__` (int32), `multi_modal_inputs` (one
-empty dict per row) and `data_source` (the agent name). `meta_info` is left empty: timing belongs to the
+empty dict per row), `data_source` (the agent name) and, for each of `component_keys` (verl's GDPO reads them),
+that reward component per row (float32; 0 on a failed row). `meta_info` is left empty: timing belongs to the
 caller. Per-row statistics come back beside the `DataProto` in `PackStats`, not as non-tensors, so nothing
 extra travels to every worker.
 
@@ -95,7 +96,15 @@ class BatchPacker:
     tensors' memory ahead of time.
     """
 
-    def __init__(self, batch_size: int, *, prompt_length: int, response_length: int, pad_token_id: int):
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        prompt_length: int,
+        response_length: int,
+        pad_token_id: int,
+        component_keys: Sequence[str] = (),
+    ):
         if prompt_length < 1 or response_length < 1:
             raise ValueError(f"prompt_length and response_length must be >= 1, got {prompt_length}, {response_length}")
         if batch_size < 1:
@@ -127,6 +136,8 @@ class BatchPacker:
         self.rewards = np.zeros(B, dtype=np.float32)
         self.causes = np.full(B, "", dtype=object)
         self.sources = np.empty(B, dtype=object)
+        self.components: dict[str, np.ndarray] = {}  # reward components by name, NaN where absent
+        self.component_keys = tuple(component_keys)
         self._filled = np.zeros(B, dtype=bool)
         # Attended lengths per row, for verl's step metrics (`finish`); a failed row's response counts as 0.
         self._prompt_lengths = np.zeros(B, dtype=np.float32)
@@ -212,6 +223,10 @@ class BatchPacker:
             self.truncated[row] = outcome.response_length > R
             self.stopped[row] = outcome.stopped_on_length
             self.rewards[row] = outcome.reward
+            for name, value in outcome.reward_components.items():
+                if name not in self.components:
+                    self.components[name] = np.full(self.batch_size, np.nan, dtype=np.float32)
+                self.components[name][row] = value
         else:
             prompt = list(fallback_prompt_ids[-P:]) if fallback_prompt_ids else [self.pad_token_id]
             # One attended response token (a pad token, never trained on): see the module docstring.
@@ -269,6 +284,11 @@ class BatchPacker:
         known_sources = all(source is not None for source in self.sources)
         if known_sources:
             non_tensor_batch["data_source"] = self.sources
+        for key in self.component_keys:
+            # What verl's GDPO reads per row (`algorithm.gdpo_reward_keys`); a failed row's component is 0, as its
+            # reward is. (A packed episode without the component failed as BAD_REWARD when it was read.)
+            values = self.components.get(key, np.full(B, np.nan, dtype=np.float32))
+            non_tensor_batch[key] = np.nan_to_num(values, nan=0.0)
         stats = PackStats(
             num_turns=self.num_turns,
             model_calls=self.model_calls,
@@ -281,5 +301,6 @@ class BatchPacker:
             reward=self.rewards,
             failure_cause=self.causes,
             data_source=self.sources if known_sources else None,
+            reward_components=self.components,
         )
         return PackedBatch(data=DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info={}), stats=stats)

@@ -17,6 +17,12 @@ episode. Data faults raise `EpisodeDataError`: broken contiguity, missing or mal
 that generated no token at all), a non-finite log-prob (checked after the cast to float32, the dtype verl trains
 with), a reward that is not a finite number (bools included), a first prompt longer than `max_prompt_length`.
 
+Several reward components: NeMo Gym 0.7's multi-objective environments (`BaseMultiRewardVerifyResponse`, e.g.
+`example_tool_call_multireward`) return `reward_components`, a mapping of objective name to number, beside the
+scalar `reward` (their aggregate). They are read into `Episode.reward_components`, each checked as `reward` is; a
+result without them has none. `required_components` (the manager's: `algorithm.gdpo_reward_keys` under verl's
+GDPO) makes a result that lacks one a BAD_REWARD failure, naming it.
+
 `__num_turns__` is `2 * model calls` (`Episode.num_turns`): verl counts the first prompt, each assistant turn
 and each observation between them (`user_turns + assistant_turns + 1` in its tool agent loop).
 
@@ -30,7 +36,7 @@ import math
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
@@ -76,6 +82,7 @@ class Episode:
     reward: float
     agent_name: str | None = None
     stopped_on_length: bool = False  # the model server reported `incomplete_details` (max_output_tokens)
+    reward_components: Mapping[str, float] = field(default_factory=dict)  # the environment's, by objective name
 
     @property
     def prompt_length(self) -> int:
@@ -103,17 +110,38 @@ class Episode:
         return self.response_length - self.generated_tokens
 
 
+def _number(value: Any, what: str) -> float:
+    # bool is an int subclass; a reward of `true` is a malformed result, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise EpisodeDataError(FailureCause.BAD_REWARD, f"{what} {value!r} ({type(value).__name__}) is not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise EpisodeDataError(FailureCause.BAD_REWARD, f"{what} {value!r} is not finite")
+    return number
+
+
 def _reward_of(result: Mapping[str, Any]) -> float:
     if "reward" not in result:
         raise EpisodeDataError(FailureCause.BAD_REWARD, "result has no 'reward'")
-    reward = result["reward"]
-    # bool is an int subclass; a reward of `true` is a malformed result, not 1.0.
-    if isinstance(reward, bool) or not isinstance(reward, Real):
-        raise EpisodeDataError(FailureCause.BAD_REWARD, f"reward {reward!r} ({type(reward).__name__}) is not a number")
-    reward = float(reward)
-    if not math.isfinite(reward):
-        raise EpisodeDataError(FailureCause.BAD_REWARD, f"reward {reward!r} is not finite")
-    return reward
+    return _number(result["reward"], "reward")
+
+
+def _reward_components_of(result: Mapping[str, Any], required: Sequence[str]) -> dict[str, float]:
+    components = result.get("reward_components")
+    if components is None:
+        components = {}
+    if not isinstance(components, Mapping):
+        raise EpisodeDataError(
+            FailureCause.BAD_REWARD, f"reward_components is {type(components).__name__}, not a mapping of numbers"
+        )
+    out = {str(name): _number(value, f"reward_components[{name!r}]") for name, value in components.items()}
+    missing = [name for name in required if name not in out]
+    if missing:
+        raise EpisodeDataError(
+            FailureCause.BAD_REWARD,
+            f"result has no reward_components {missing} (algorithm.gdpo_reward_keys names them); it has {sorted(out)}",
+        )
+    return out
 
 
 def _model_calls(result: Mapping[str, Any]) -> list[tuple[list, list, list]]:
@@ -239,15 +267,19 @@ def _log_probs(call: int, values: list) -> np.ndarray:
         ) from None
 
 
-def episode_from_result(result: Mapping[str, Any], *, max_prompt_length: int | None = None) -> Episode:
+def episode_from_result(
+    result: Mapping[str, Any], *, max_prompt_length: int | None = None, required_components: Sequence[str] = ()
+) -> Episode:
     """Read one NeMo Gym result into an `Episode`; raise `EpisodeDataError` on any data fault.
 
-    `max_prompt_length` (the trainer's prompt length) turns an over-long first prompt into PROMPT_TOO_LONG.
+    `max_prompt_length` (the trainer's prompt length) turns an over-long first prompt into PROMPT_TOO_LONG;
+    `required_components` names the `reward_components` the result must carry.
     """
     if not isinstance(result, Mapping):
         raise EpisodeDataError(FailureCause.MISSING_GENERATION, f"result is {type(result).__name__}, not a dict")
     calls = _model_calls(result)
     reward = _reward_of(result)
+    reward_components = _reward_components_of(result, required_components)
 
     first_prompt = calls[0][0]
     if not first_prompt:
@@ -306,4 +338,5 @@ def episode_from_result(result: Mapping[str, Any], *, max_prompt_length: int | N
         reward=reward,
         agent_name=agent_name if isinstance(agent_name, str) else None,
         stopped_on_length=bool(response.get("incomplete_details")),
+        reward_components=reward_components,
     )

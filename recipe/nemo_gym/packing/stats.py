@@ -7,7 +7,7 @@ worker); `recipe/nemo_gym/metrics.py` names and computes every scalar logged fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,9 @@ class PackStats:
     data_source: np.ndarray | None  # object, agent name per row, when known
     attempts: np.ndarray | None = None  # int, times the row was run (1 + its retries); set by the manager
     uid: np.ndarray | None = None  # object, verl's prompt-group id per row (training batches); set by the manager
+    # float32 per reward component an environment returned (`Episode.reward_components`), by name; NaN on the rows
+    # that did not return it and on failed rows.
+    reward_components: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def failed(self) -> np.ndarray:

@@ -1,12 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Two more of NeMo Gym's environments end to end, from the shipped `recipe/nemo_gym/configs/tools_and_games.yaml`.
+"""Nine more of NeMo Gym's environments end to end, from the shipped `recipe/nemo_gym/configs/tools_and_games.yaml`
+and `offline_blend.yaml`, in one Gym stack: each scores what the scripted policy answers itself, and every episode
+packs with only the policy's tokens trained.
 
-Path under test (nothing replaced; vLLM is its CPU build): the environments' own example rows from Gym's
-environment (`.venv-gym`: Gym 0.7) -> the plugin's dataset -> the real manager over verl's vLLM rollout (standalone,
-splice patch armed; the suite's shared engine, each row naming its script) playing a scripted policy one token
-per character -> Gym's `example_single_tool_call` (a real
-`get_weather` tool call between two model calls) and `blackjack` (Gym's `gymnasium_agent`: hit, then stand; the
-game deals its own cards) -> the packed DataProto.
+Path under test (nothing replaced; vLLM is its CPU build): the environments' own example rows from Gym's environment
+(`.venv-gym`: Gym 0.7) -> the plugin's dataset -> the real manager over verl's vLLM rollout (the suite's shared
+engine, splice patch armed; each row names its script) playing a scripted policy one token per character -> Gym's
+servers -> the packed DataProto and the step's metrics:
+- `tools_and_games.yaml`: `example_single_tool_call` (a real `get_weather` tool call between two model calls) and
+  `blackjack` (Gym's `gymnasium_agent`: hit, then stand; the game deals its own cards);
+- `offline_blend.yaml`: calendar (a pre-written history), example_tool_call_multireward (three reward components),
+  freeform_formatting, xlam_fc, math_with_code (a stateful Python tool), structeval_nonrenderable and wordle (Gym's
+  gymnasium_agent), each playing one example row twice over: a right and a wrong answer
+  (`tests/support/cpu_policy/offline_blend.py` says what each is and why the environment scores it so).
+The two shipped configs' servers run in one stack (their `config_paths` together), so Gym starts once.
 """
 
 from __future__ import annotations
@@ -14,17 +21,19 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
 from recipe.nemo_gym.token_fields import TOKEN_FIELDS
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
-from tests.support.cpu_policy import harness
+from tests.support.cpu_policy import harness, offline_blend
 from tests.support.cpu_policy.episodes import tools_and_games_policy
 
 pytestmark = pytest.mark.integration
 
-CONFIG = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "tools_and_games.yaml"
+CONFIGS = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs"
+TOOLS_AND_GAMES, OFFLINE_BLEND = CONFIGS / "tools_and_games.yaml", CONFIGS / "offline_blend.yaml"
 WEATHER = "example_single_tool_call_simple_agent"
 BLACKJACK = "blackjack_gymnasium_agent"
 EXAMPLES = {
@@ -34,31 +43,47 @@ EXAMPLES = {
 N = 2
 
 
-def example_rows() -> list[dict]:
+def gym_root():
     from recipe.nemo_gym.config import NeMoGymSection
     from recipe.nemo_gym.gym.owned.seams import section_root
 
-    root = section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
+    return section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
+
+
+def tools_and_games_rows() -> list[dict]:
     rows = []
     for agent, path in EXAMPLES.items():
-        for line in (root / path).read_text().splitlines():
+        for line in (gym_root() / path).read_text().splitlines():
             rows.append({**json.loads(line), "agent_ref": {"type": "responses_api_agents", "name": agent}})
     return rows
+
+
+def both_configs(path):
+    """The offline blend's plugin config with tools_and_games' servers added: one stack for both."""
+    config = yaml.safe_load(OFFLINE_BLEND.read_text())
+    paths = config["nemo_gym"]["config_paths"]
+    paths += [p for p in yaml.safe_load(TOOLS_AND_GAMES.read_text())["nemo_gym"]["config_paths"] if p not in paths]
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory, shared_engine):
     tmp = tmp_path_factory.mktemp("more_envs")
-    rows = example_rows()
-    data = write_jsonl(rows, tmp / "rows.jsonl")
+    games = tools_and_games_rows()
+    plays = offline_blend.answers(gym_root())
+    data = write_jsonl([*games, *(play.row for play in plays)], tmp / "rows.jsonl")
+    rows = len(games) + len(plays)
     overrides = harness.cpu_trainer_overrides(
-        tiny_qwen3_dir(), CONFIG, prompt_length=2048, response_length=512, n=N, batch_size=len(rows)
-    )
-    policy = tools_and_games_policy()
-    with harness.manager_stack(tiny_qwen3_dir(), overrides, data, policy, engine=shared_engine) as stack:
-        _, batch = harness.trainer_batches(stack["dataset"], range(len(rows)), stack["config"])
+        tiny_qwen3_dir(), both_configs(tmp / "plugin.yaml"), prompt_length=4096, response_length=1024, n=N,
+        batch_size=rows,
+    )  # fmt: skip
+    scripts = [tools_and_games_policy()] * len(games) + [play.policy for play in plays]
+    with harness.manager_stack(tiny_qwen3_dir(), overrides, data, scripts, engine=shared_engine) as stack:
+        _, batch = harness.trainer_batches(stack["dataset"], range(rows), stack["config"])
         output = stack["manager"].generate_sequences(batch)
-        yield rows, output, list(stack["manager"].last_results), stack["manager"]._gym.version  # noqa: SLF001
+        results = list(stack["manager"].last_results)
+        yield games, plays, output, results, stack["manager"]
 
 
 def _calls(result):
@@ -69,25 +94,40 @@ def _calls(result):
     ]
 
 
-def test_every_episode_of_both_environments_trains_with_contiguous_turns(episodes):
-    rows, output, results, version = episodes
-    print(f"\nNeMo Gym {version}: {len(results)} episodes")
-    assert len(results) == len(output) == N * len(rows) == 20
-    assert not [r for r in results if isinstance(r, EpisodeFailure)]
-    assert output.meta_info["timing"]["nemo_gym/all/failed"] == 0
-    for result in results:
+def _rows_of(agent, rows, results):
+    """The results of `agent`'s rows (each row ran N times, one after another)."""
+    return [r for r, row in zip(results, (row for row in rows for _ in range(N)), strict=True)
+            if row["agent_ref"]["name"] == agent]  # fmt: skip
+
+
+def _offline(episodes):
+    """(play, result, batch row) of the offline blend's episodes."""
+    games, plays, _, results, _ = episodes
+    start = N * len(games)
+    return [(plays[i // N], results[start + i], start + i) for i in range(N * len(plays))]
+
+
+def test_every_episode_of_every_environment_trains_on_exactly_the_policys_tokens(episodes):
+    games, plays, output, results, _ = episodes
+    print(f"\nNeMo Gym {episodes[4]._gym.version}: {len(results)} episodes")  # noqa: SLF001
+    assert len(results) == len(output) == N * (len(games) + len(plays)) == 48
+    failures = [r for r in results if isinstance(r, EpisodeFailure)]
+    assert not failures and output.meta_info["timing"]["nemo_gym/all/failed"] == 0, failures
+    responses, mask = output.batch["responses"], output.batch["response_mask"]
+    for row, result in enumerate(results):
         calls = _calls(result)
         for (prev_prompt, prev_gen, _), (prompt, _, _) in zip(calls, calls[1:], strict=False):
-            assert prompt[: len(prev_prompt) + len(prev_gen)] == prev_prompt + prev_gen
-    generated = [sum(len(gen) for _, gen, _ in _calls(r)) for r in results]
-    assert output.batch["response_mask"].sum(-1).tolist() == generated
+            assert prompt[: len(prev_prompt) + len(prev_gen)] == prev_prompt + prev_gen  # contiguous turns
+        trained = responses[row][mask[row].bool()].tolist()
+        assert trained == [token for _, generation, _ in calls for token in generation], f"row {row}"
+        log_probs = output.batch["rollout_log_probs"][row][mask[row].bool()].tolist()
+        assert log_probs == pytest.approx([lp for _, _, lps in calls for lp in lps], abs=1e-6)
     assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx([float(r["reward"]) for r in results])
 
 
 def test_the_weather_tool_is_called_between_two_model_calls_and_verified(episodes):
-    rows, output, results, _ = episodes
-    weather = [r for r, row in zip(results, (row for row in rows for _ in range(N)), strict=True)
-               if row["agent_ref"]["name"] == WEATHER]  # fmt: skip
+    games, _, output, results, _ = episodes
+    weather = _rows_of(WEATHER, games, results[: N * len(games)])
     assert len(weather) == 10
     for result in weather:
         assert len(_calls(result)) == 2
@@ -99,18 +139,61 @@ def test_the_weather_tool_is_called_between_two_model_calls_and_verified(episode
 
 
 def test_blackjack_plays_hit_then_stand_and_the_game_decides_the_reward(episodes):
-    rows, output, results, _ = episodes
-    games = [r for r, row in zip(results, (row for row in rows for _ in range(N)), strict=True)
-             if row["agent_ref"]["name"] == BLACKJACK]  # fmt: skip
-    assert len(games) == 10
-    turns = [len(_calls(game)) for game in games]
-    print(f"\nblackjack: model calls per game {turns}, rewards {[g['reward'] for g in games]}")
-    for game, calls in zip(games, turns, strict=True):
-        assert game["reward"] in (-1.0, 0.0, 1.0)
+    games, _, output, results, _ = episodes
+    hands = _rows_of(BLACKJACK, games, results[: N * len(games)])
+    assert len(hands) == 10
+    turns = [len(_calls(hand)) for hand in hands]
+    print(f"\nblackjack: model calls per game {turns}, rewards {[h['reward'] for h in hands]}")
+    for hand, calls in zip(hands, turns, strict=True):
+        assert hand["reward"] in (-1.0, 0.0, 1.0)
         assert calls in (1, 2)  # a hit that busts ends the hand at once (reward -1); else the stand ends it
         if calls == 1:
-            assert game["reward"] == -1.0
+            assert hand["reward"] == -1.0
     # Multi-turn: a hand that did not bust on its hit (about 7 in 10) went on to a second model call.
     assert max(turns) == 2
     timing = output.meta_info["timing"]
     assert timing[f"nemo_gym/{BLACKJACK}/episodes"] == 10 and timing[f"nemo_gym/{BLACKJACK}/failed"] == 0
+
+
+def test_each_offline_environment_scores_the_right_answer_and_the_wrong_one_itself(episodes):
+    verdicts = [(p.agent, p.verdict, r["reward"], len(_calls(r))) for p, r, _ in _offline(episodes)]
+    print("\n" + "\n".join(f"{a} {v}: reward {r}, model calls {c}" for a, v, r, c in verdicts))
+    expected = [(p.agent, p.verdict, p.reward, p.model_calls) for p, _, _ in _offline(episodes)]
+    assert [(a, v, pytest.approx(r), c) for a, v, r, c in verdicts] == expected
+    timing = episodes[2].meta_info["timing"]
+    for agent in offline_blend.EXAMPLES:
+        assert timing[f"nemo_gym/{agent}/episodes"] == 2 * N and timing[f"nemo_gym/{agent}/failed"] == 0
+
+
+def test_calendars_pre_written_assistant_turns_are_prompt_and_never_trained(episodes):
+    _, _, output, _, manager = episodes
+    calendar = [(p, r, row) for p, r, row in _offline(episodes) if p.agent == offline_blend.CALENDAR]
+    history = [m["content"] for m in calendar[0][0].row["responses_create_params"]["input"] if m["role"] == "assistant"]
+    assert len(calendar) == 2 * N and len(history) == 4  # turns the policy never generated: they carry no token IDs
+    for play, result, row in calendar:
+        ((prompt_ids, generation_ids, _),) = _calls(result)
+        assert all(turn in manager.tokenizer.decode(prompt_ids) for turn in history)  # the one call's prompt holds them
+        # What is trained is the policy's own answer and nothing else (its end-of-turn token after it).
+        trained = output.batch["responses"][row][output.batch["response_mask"][row].bool()].tolist()
+        assert trained == generation_ids and output.batch["prompts"][row][-len(prompt_ids) :].tolist() == prompt_ids
+        answer = play.policy.rules[0].completion.text
+        assert manager.tokenizer.decode(trained) in (answer, answer + manager.tokenizer.eos_token)
+
+
+def test_each_reward_component_reaches_the_metrics_of_its_environment(episodes):
+    for play, result, _ in _offline(episodes):
+        if play.components:
+            assert result["reward_components"] == play.components
+    timing = episodes[2].meta_info["timing"]
+    prefix = f"nemo_gym/{offline_blend.MULTIREWARD}/reward_component"
+    assert {key: timing[key] for key in timing if key.startswith(prefix)} == {
+        f"{prefix}/correctness/mean": 0.5,
+        f"{prefix}/correctness/max": 1.0,
+        f"{prefix}/format/mean": 0.0,
+        f"{prefix}/format/max": 0.0,
+        f"{prefix}/schema_valid/mean": 0.5,
+        f"{prefix}/schema_valid/max": 1.0,
+    }
+    # No other environment returns components; `all` holds the same ones over every episode that returned them.
+    others = sorted(key for key in timing if "/reward_component/" in key and not key.startswith(prefix))
+    assert others == sorted(key.replace(offline_blend.MULTIREWARD, "all") for key in timing if key.startswith(prefix))

@@ -237,3 +237,18 @@ def test_a_plain_verl_group_estimator_gets_one_warning_at_start_up(setup, plugin
         "shifts its siblings' advantages; set algorithm.adv_estimator=nemo_gym_rloo to compute it over valid episodes "
         "only (recipe/nemo_gym/advantages.py)"
     ]
+
+
+def test_under_gdpo_the_manager_asks_each_result_for_the_reward_keys_gdpo_reads_and_refuses_none():
+    from omegaconf import OmegaConf
+
+    from recipe.nemo_gym.advantages import plain_estimator_warning
+    from recipe.nemo_gym.agent_loop import _gdpo_reward_keys
+    from recipe.nemo_gym.errors import ConfigError
+
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "gdpo", "gdpo_reward_keys": ["correctness", "format"]}})
+    assert _gdpo_reward_keys(config, "gdpo") == ("correctness", "format")
+    assert _gdpo_reward_keys(config, "nemo_gym_grpo") == ()  # the keys travel only where GDPO reads them
+    with pytest.raises(ConfigError, match=r"adv_estimator=gdpo needs algorithm.gdpo_reward_keys"):
+        _gdpo_reward_keys(OmegaConf.create({"algorithm": {"adv_estimator": "gdpo"}}), "gdpo")
+    assert "no failure-aware GDPO" in plain_estimator_warning("gdpo")

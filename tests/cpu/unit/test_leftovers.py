@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -49,29 +50,32 @@ def test_bound_unix_socket_paths_are_read_from_proc_net_unix():
     assert unix_socket_paths(text) == {"/tmp/rl-colocate-zmq-9.sock"}
 
 
-def _segment(name: str) -> Path:
-    """A POSIX shared-memory segment as Python's `multiprocessing.shared_memory` makes one: a file in /dev/shm."""
-    path = Path("/dev/shm") / name
+def _segment(folder: Path, name: str) -> Path:
+    """A POSIX shared-memory segment as Python's `multiprocessing.shared_memory` makes one: a file on /dev/shm's
+    tmpfs."""
+    path = folder / name
     path.write_bytes(b"\0" * 4096)
     return path
 
 
 def test_remove_leftovers_takes_a_dropped_segment_and_keeps_a_mapped_one_and_an_older_one():
-    tag = f"{time.time_ns()}"
-    older = _segment(f"psm_test_old_{tag}")
-    time.sleep(1.1)  # ctime has one-second resolution on some filesystems
-    since = time.time() - 0.5
-    dropped = _segment(f"psm_test_dropped_{tag}")  # unmapped, not unlinked: what an exited vLLM process leaves
-    mapped = _segment(f"psm_test_mapped_{tag}")
-    with open(mapped, "r+b") as handle, mmap.mmap(handle.fileno(), 4096):
-        try:
-            removed = remove_leftovers(since)
-            assert str(dropped) in removed and not dropped.exists()
-            assert mapped.exists() and older.exists()
-        finally:
-            mapped.unlink()
-            older.unlink()
-            dropped.unlink(missing_ok=True)
+    # A folder of its own on /dev/shm's tmpfs: a job ending beside this test (another xdist worker) cleans the
+    # top of /dev/shm from its own start, which would take this test's files too.
+    folder = Path("/dev/shm") / f"ngtest-leftovers-{os.getpid()}-{time.time_ns()}"
+    folder.mkdir()
+    patterns = ((str(folder), "psm_*"),)
+    try:
+        older = _segment(folder, "psm_test_old")
+        time.sleep(1.1)  # ctime has one-second resolution on some filesystems
+        since = time.time() - 0.5
+        dropped = _segment(folder, "psm_test_dropped")  # unmapped, not unlinked: what an exited vLLM process leaves
+        mapped = _segment(folder, "psm_test_mapped")
+        with open(mapped, "r+b") as handle, mmap.mmap(handle.fileno(), 4096):
+            removed = remove_leftovers(since, patterns)
+        assert removed == [str(dropped)] and not dropped.exists()
+        assert mapped.exists() and older.exists()
+    finally:
+        shutil.rmtree(folder)
 
 
 LIVE_SEMAPHORE = """
@@ -83,23 +87,26 @@ sys.stdin.read()
 """
 
 
-def test_a_live_semaphore_and_a_live_socket_created_after_the_job_started_are_kept():
+def test_a_live_semaphore_and_a_live_socket_created_after_the_job_started_are_kept(tmp_path):
     since = time.time() - 1.0
+    # The socket in a folder of its own, for the reason of the test above; the semaphore is where loky makes it
+    # (held, so no other job's clean-up takes it).
+    patterns = (("/dev/shm", "sem.loky-*"), (str(tmp_path), "rl-colocate-zmq-*.sock"))
     child = subprocess.Popen(
         [sys.executable, "-c", LIVE_SEMAPHORE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    sock_path = Path(f"/tmp/rl-colocate-zmq-test-{time.time_ns()}.sock")
+    sock_path = tmp_path / "rl-colocate-zmq-test.sock"
     listener = socket.socket(socket.AF_UNIX)
     try:
         semaphore = Path("/dev/shm") / child.stdout.readline().strip()
         listener.bind(str(sock_path))
         listener.listen()
         assert semaphore.name.startswith("sem.loky-") and semaphore.exists()
-        removed = remove_leftovers(since)
+        removed = remove_leftovers(since, patterns)
         assert str(semaphore) not in removed and semaphore.exists()
         assert str(sock_path) not in removed and sock_path.exists()
         listener.close()  # the file stays after the socket is gone: now it is litter
-        assert str(sock_path) in remove_leftovers(since) and not sock_path.exists()
+        assert str(sock_path) in remove_leftovers(since, patterns) and not sock_path.exists()
     finally:
         listener.close()
         sock_path.unlink(missing_ok=True)

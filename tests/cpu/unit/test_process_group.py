@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,13 @@ from recipe.nemo_gym.process_group import live_members, signal_group, stop_group
 SLEEPER = ["sleep", "60"]
 # An ignored signal stays ignored across exec: this `sleep` ignores SIGTERM.
 DEAF_SLEEPER = ["sh", "-c", "trap '' TERM; exec sleep 60"]
+
+
+def _runs_sleep(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+    except OSError:
+        return False
 
 
 @pytest.fixture
@@ -31,7 +39,9 @@ def group():
         started.append(leader)
         started.extend(subprocess.Popen(command, process_group=leader.pid) for _ in range(size - 1))
         deadline = time.monotonic() + 10
-        while len(live_members(leader.pid)) < size:  # `sh` has exec'd `sleep`: the trap is in place
+        # Every member runs `sleep` (a `sh` has exec'd it, so its trap is in place): a signal sent earlier could
+        # reach a `sh` that has not set its trap yet.
+        while len(members := live_members(leader.pid)) < size or not all(_runs_sleep(pid) for pid in members):
             assert time.monotonic() < deadline, f"the group's {size} processes did not start"
             time.sleep(0.02)
         return started[-size:]

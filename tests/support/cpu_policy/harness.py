@@ -130,7 +130,8 @@ def manager_stack(
 
     `engine` (a `shared_engine.EngineInfo`): use that running engine instead of starting one. Each row of
     `data_file` then names the script (`script_choice.scripted_row`), and the manager gets verl's client over a
-    load balancer listing that engine's address; `rollout` is then a `SharedRollout` (addresses only)."""
+    load balancer listing that engine's address; `rollout` is then a `SharedRollout` (addresses only). With an
+    engine, `script` may also be a list: one `ScriptedPolicy` per row of `data_file`, in order."""
     import tempfile
 
     import ray
@@ -146,13 +147,24 @@ def manager_stack(
     try:
         with contextlib.ExitStack() as stack:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="scripted-policy-")))
-            script_file = None if script is None else script.to_file(folder / "script.json")
+            per_row = isinstance(script, list | tuple)
+            if per_row and engine is None:
+                raise ValueError("one script per row needs the shared engine (engine=...); an own engine plays one")
+            script_file = None if script is None or per_row else script.to_file(folder / "script.json")
             if engine is None:
                 rollout = stack.enter_context(verl_rollout(config, script_file=script_file, env=server_env))
             else:
-                if script_file is not None:
+                if script is not None:
                     rows = [json.loads(line) for line in Path(data_file).read_text().splitlines() if line.strip()]
-                    data_file = write_jsonl([scripted_row(row, script_file) for row in rows], folder / data_file.name)
+                    files = (
+                        [policy.to_file(folder / f"script-{i}.json") for i, policy in enumerate(script)]
+                        if per_row
+                        else [script_file] * len(rows)
+                    )
+                    if len(files) != len(rows):
+                        raise ValueError(f"{len(files)} scripts for the {len(rows)} rows of {data_file}")
+                    scripted = [scripted_row(row, file) for row, file in zip(rows, files, strict=True)]
+                    data_file = write_jsonl(scripted, folder / data_file.name)
                 rollout = SharedRollout(verl_llm_client(config, [engine.address]), [engine.address])
             dataset = NeMoGymJSONLDataset(
                 data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data

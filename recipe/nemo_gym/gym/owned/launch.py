@@ -207,7 +207,7 @@ class OwnedGym:
         section, environment = self.config.nemo_gym, self.environment
         assert environment is not None
         cache = cache_root()
-        venv_dir = section.venv_dir or cache / "nemo_gym_venvs"
+        venv_dir = section.venv_dir or seams.default_venv_dir(cache, str(environment.python))
         shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
         roots = [environment.install_root, Path.cwd(), *seams.extra_roots(os.environ)]
         seams.link_server_venvs(venv_dir, seams.server_dirs(roots), shim)

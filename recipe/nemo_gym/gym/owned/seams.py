@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -113,6 +114,13 @@ def file_tail(path: Path | None, lines: int = 30) -> str:
 def log_tail(log_dir: Path | None, server: str, lines: int = 20) -> str:
     """The last lines of a server's NeMo Gym log file (named as `run_command` names it), if any (`file_tail`)."""
     return "" if log_dir is None else file_tail(log_dir / f"{server.replace('/', '_')}.log", lines)
+
+
+def default_venv_dir(cache: Path, python: str) -> Path:
+    """Where the venv links for Gym's environment `python` live unless `nemo_gym.venv_dir` says: a folder per
+    interpreter, so that two stacks on one machine with different Gym environments (a job on Gym 0.4 beside one on
+    0.7) never run each other's interpreter through a shared shim."""
+    return cache / "nemo_gym_venvs" / hashlib.sha256(python.encode()).hexdigest()[:12]
 
 
 def write_interpreter_shim(venv_dir: Path, python: str) -> Path:

@@ -39,6 +39,7 @@ from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free, missed_r
 from recipe.nemo_gym.gym.owned.liveness import LAUNCHER
 from recipe.nemo_gym.gym.owned.seams import (
     check_config_paths,
+    default_venv_dir,
     extra_roots,
     link_server_venvs,
     nemo_gym_install_root,
@@ -220,6 +221,22 @@ def test_run_targets_go_through_the_environment_server_in_front_of_an_agent_else
     second = {"environment_servers": {"legacy_agent": {"agent_server": {"name": "math_simple_agent"}}}}
     with pytest.raises(ValueError, match=r"'math_simple_agent' is fronted by several environment servers"):
         run_targets(config | {"other_environment_server": second}, instances)
+
+
+def test_each_gym_interpreter_gets_its_own_venv_links_so_two_stacks_never_share_a_shim(tmp_path: Path) -> None:
+    # A Gym 0.4 stack (the trainer's .venv) beside a Gym 0.7 one (.venv-gym) once ran 0.7's servers on 0.4's
+    # interpreter through the one shim they shared (`No module named 'nemo_gym.base_environment_server'`).
+    old, new = (
+        default_venv_dir(tmp_path, "/repo/.venv/bin/python"),
+        default_venv_dir(tmp_path, "/repo/.venv-gym/bin/python"),
+    )
+    assert old != new and old.parent == new.parent == tmp_path / "nemo_gym_venvs"
+    assert default_venv_dir(tmp_path, "/repo/.venv/bin/python") == old  # stable: links are made once per interpreter
+    shims = [write_interpreter_shim(folder, python) for folder, python in ((old, "/a/python"), (new, "/b/python"))]
+    assert [(shim / "bin" / "python").read_text().splitlines()[1] for shim in shims] == [
+        'exec "/a/python" "$@"',
+        'exec "/b/python" "$@"',
+    ]
 
 
 def test_every_server_folder_of_the_roots_gets_a_venv_link(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`recipe/nemo_gym/launch/cluster.py`: counting the nodes `ray status` lists, and waiting for them in bounded time."""
+"""`recipe/nemo_gym/launch/cluster.py`: counting the nodes `ray status` lists, waiting for them in bounded time, and
+the head node's address for the others."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.nemo_gym.launch.cluster import ClusterNotFormed, count_ray_nodes, wait_for_nodes
+from recipe.nemo_gym.launch.cluster import ClusterNotFormed, count_ray_nodes, node_address, wait_for_nodes
 
 # `ray status` of Ray 2.60 (autoscaler v2 layout) for a cluster of three nodes, one still launching.
 RAY_STATUS_THREE_NODES = """======== Autoscaler status: 2026-01-01 00:00:00.000000 ========
@@ -59,3 +60,10 @@ def test_waiting_gives_up_after_its_deadline_naming_the_count_and_the_last_statu
         "the Ray cluster at 10.0.0.1:6379 has 3 of 4 nodes after 0 s (cluster.ray_join_timeout_s)"
     )
     assert message.endswith(RAY_STATUS_THREE_NODES)
+
+
+def test_the_head_address_is_the_host_names_unless_loopback_then_the_first_other_interface_address():
+    assert node_address("10.0.0.5", ["127.0.0.1", "10.0.0.5"]) == "10.0.0.5"
+    assert node_address("127.0.1.1", ["127.0.0.1", "192.168.1.4", "10.0.0.5"]) == "192.168.1.4"  # Debian's /etc/hosts
+    assert node_address(None, ["127.0.0.1", "10.0.0.5"]) == "10.0.0.5"  # the host name does not resolve
+    assert node_address("127.0.1.1", ["127.0.0.1"]) == "127.0.0.1"  # no other interface

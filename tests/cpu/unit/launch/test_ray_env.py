@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 from recipe.nemo_gym.launch.__main__ import shell_settings
+from recipe.nemo_gym.launch.cluster import this_node_address
 from recipe.nemo_gym.launch.compose import Launch
 from recipe.nemo_gym.launch.job import Job
 
@@ -41,3 +42,8 @@ def test_a_users_own_ray_authentication_is_left_alone():
     assert _exports({"RAY_AUTH_TOKEN_PATH": "/secrets/ray"})["RAY_AUTH_MODE"] == "token"
     chosen = _exports({"RAY_AUTH_MODE": "disabled"})
     assert "RAY_AUTH_MODE" not in chosen and "RAY_AUTH_TOKEN" not in chosen
+
+
+def test_the_head_address_is_loopback_without_slurm_and_this_nodes_own_in_a_slurm_job():
+    assert _exports({})["NG_HEAD_IP"] == "127.0.0.1"
+    assert _exports({"SLURM_JOB_ID": "7"})["NG_HEAD_IP"] == this_node_address()

@@ -420,6 +420,13 @@ DATA_FAULTS = [
     ("reward_string", lambda r: r.__setitem__("reward", "1.0"), "bad_reward", "reward '1.0' \\(str\\)"),
     ("reward_bool", lambda r: r.__setitem__("reward", True), "bad_reward", "reward True \\(bool\\)"),
     ("reward_nan", lambda r: r.__setitem__("reward", math.nan), "bad_reward", "reward nan is not finite"),
+    # reward components (NeMo Gym 0.7's BaseMultiRewardVerifyResponse)
+    ("components_list", lambda r: r.__setitem__("reward_components", [1.0]), "bad_reward",
+     "reward_components is list, not a mapping of numbers"),
+    ("component_string", lambda r: r.__setitem__("reward_components", {"format": "1"}), "bad_reward",
+     "reward_components\\['format'\\] '1' \\(str\\) is not a number"),
+    ("component_inf", lambda r: r.__setitem__("reward_components", {"format": math.inf}), "bad_reward",
+     "reward_components\\['format'\\] inf is not finite"),
 ]  # fmt: skip
 
 
@@ -436,6 +443,81 @@ def test_prompt_longer_than_the_prompt_length_raises_prompt_too_long():
     with pytest.raises(EpisodeDataError, match="first prompt is 2 tokens, over the prompt length 1") as raised:
         episode_from_result(result, max_prompt_length=1)
     assert raised.value.cause is FailureCause.PROMPT_TOO_LONG
+
+
+def test_reward_components_are_read_beside_the_reward_and_a_required_one_missing_is_a_bad_reward():
+    result = {**synthetic_result(MULTI, reward=2.0), "reward_components": {"correctness": 1, "format": 1.0}}
+    assert episode_from_result(result).reward_components == {"correctness": 1.0, "format": 1.0}
+    assert episode_from_result(synthetic_result(MULTI)).reward_components == {}
+    assert episode_from_result({**result, "reward_components": None}).reward_components == {}
+    required = ("correctness", "schema_valid")
+    with pytest.raises(
+        EpisodeDataError, match=r"no reward_components \['schema_valid'\] \(algorithm.gdpo_reward_keys"
+    ) as raised:
+        episode_from_result(result, required_components=required)
+    assert raised.value.cause is FailureCause.BAD_REWARD
+    assert "it has ['correctness', 'format']" in str(raised.value)
+
+
+def test_reward_components_reach_the_stats_and_the_gdpo_keys_reach_the_batch_zero_on_a_failed_row():
+    def episode(reward, **components):
+        return episode_from_result({**synthetic_result([CALL_1], reward=reward), "reward_components": components})
+
+    outcomes = [
+        episode(2.0, correctness=1.0, format=1.0),
+        EpisodeFailure(FailureCause.SERVER_ERROR, "a 500", row=1),
+        episode(0.0),  # an environment without components, in the same batch
+        episode(1.0, correctness=0.0, format=1.0),
+    ]
+    packer = BatchPacker(4, prompt_length=4, response_length=4, pad_token_id=PAD, component_keys=("correctness",))
+    for row, outcome in enumerate(outcomes):
+        packer.add(row, outcome, data_source="env_a" if row != 2 else "env_b")
+    packed = packer.finish()
+    components = packed.stats.reward_components
+    assert sorted(components) == ["correctness", "format"]
+    assert np.array_equal(components["correctness"], [1.0, np.nan, np.nan, 0.0], equal_nan=True)
+    assert np.array_equal(components["format"], [1.0, np.nan, np.nan, 1.0], equal_nan=True)
+    # verl's GDPO reads np.asarray(non_tensor_batch[key], float32) per row: 0 where failed or absent.
+    assert packed.data.non_tensor_batch["correctness"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert "format" not in packed.data.non_tensor_batch  # only the keys GDPO is told to read travel
+    # The metrics: per environment, over its packed episodes that returned the component.
+    from recipe.nemo_gym.metrics import environment_metrics
+
+    metrics = environment_metrics(packed.stats)
+    assert metrics["nemo_gym/env_a/reward_component/correctness/mean"] == 0.5
+    assert metrics["nemo_gym/env_a/reward_component/correctness/max"] == 1.0
+    assert metrics["nemo_gym/env_a/reward_component/format/mean"] == 1.0
+    assert metrics["nemo_gym/all/reward_component/correctness/mean"] == 0.5
+    assert not [key for key in metrics if key.startswith("nemo_gym/env_b/reward_component/")]
+
+
+def test_verls_gdpo_reads_the_packed_components_and_tells_apart_equal_sums_of_different_composition():
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    def episode(correctness, format_):
+        result = synthetic_result([CALL_1], reward=correctness + format_)
+        return episode_from_result({**result, "reward_components": {"correctness": correctness, "format": format_}})
+
+    # One group: right but unformatted, wrong but formatted (twice), neither. Rows 0 and 1 have the same sum.
+    outcomes = [episode(1.0, 0.0), episode(0.0, 1.0), episode(0.0, 1.0), episode(0.0, 0.0)]
+    keys = ("correctness", "format")
+    packer = BatchPacker(4, prompt_length=4, response_length=4, pad_token_id=PAD, component_keys=keys)
+    for row, outcome in enumerate(outcomes):
+        packer.add(row, outcome, data_source="multireward")
+    data = packer.finish().data
+    data.batch["token_level_rewards"] = data.batch["rm_scores"]
+    data.non_tensor_batch["uid"] = np.array(["a"] * 4, dtype=object)
+    config = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=list(keys))
+    gdpo = compute_advantage(data, adv_estimator="gdpo", config=config).batch["advantages"][:, 1].tolist()
+    grpo, _ = compute_grpo_outcome_advantage(
+        data.batch["rm_scores"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+    )
+    assert all(math.isfinite(a) for a in gdpo)
+    # GRPO sees equal sums; GDPO normalizes each component in the group: the rarer objective met counts more.
+    assert grpo[0, 1].item() == pytest.approx(grpo[1, 1].item())
+    assert gdpo[1] == pytest.approx(gdpo[2])
+    assert gdpo[0] > gdpo[1] > gdpo[3]
 
 
 def test_result_that_is_not_a_dict_raises_missing_generation():

@@ -367,7 +367,7 @@ def test_bootstrap_runs_the_launcher_against_its_own_ray_and_exits_with_its_stat
 def test_bootstrap_stops_the_job_when_ray_exits_first(bootstrap):
     result, _, seen = bootstrap(FAKE_RUN_SLEEP="60", FAKE_RAY_LIFETIME="3")
     assert result.returncode == 1, result.stderr
-    assert "ray_on_slurm: ERROR: the local Ray head exited while the job ran; stopping the job" in result.stderr
+    assert "ray_on_slurm: ERROR: the Ray head on localhost exited while the job ran; stopping the job" in result.stderr
     assert seen  # the launcher had started, and was stopped: the job ended within the test's timeout
     assert _job_tmp_folders(bootstrap.tmp_path) == []
 
@@ -375,7 +375,7 @@ def test_bootstrap_stops_the_job_when_ray_exits_first(bootstrap):
 def test_bootstrap_fails_at_once_when_the_ray_head_never_answers(bootstrap):
     result, _, seen = bootstrap(FAKE_RAY_DEAD="1")
     assert result.returncode == 1 and not seen
-    assert "the local Ray head exited before it answered on 127.0.0.1:" in result.stderr
+    assert "the Ray head on localhost exited before it answered on 127.0.0.1:" in result.stderr
 
 
 def test_bootstrap_refuses_a_job_that_fails_its_checks_before_starting_ray(bootstrap):
@@ -395,7 +395,7 @@ def test_the_container_option_runs_ray_and_the_launcher_in_the_image_on_every_no
     assert result.returncode == 0, result.stderr
     steps = [line for line in log.splitlines() if line.startswith("srun ")]
     in_image = [line for line in steps if container in line]
-    # the launcher's checks, the Ray head and the launcher's run: in the image; the head's address: on the host
+    # the launcher's checks (which give the head's address), the Ray head and the launcher's run: in the image
     commands = [line.split(f"--container-workdir={REPO} ", 1)[1] for line in in_image]
     python = str(bootstrap.tmp_path / "bin" / "python")
     assert [c.split()[:4] for c in commands] == [
@@ -403,8 +403,9 @@ def test_the_container_option_runs_ray_and_the_launcher_in_the_image_on_every_no
         ["ray", "start", "--head", commands[1].split()[3]],
         [python, "-m", "recipe.nemo_gym.launch", "run"],
     ]
-    assert len(steps) == 4 and "bash -c" in next(line for line in steps if container not in line)
-    assert seen["RAY_ADDRESS"].endswith(f":{commands[1].split('--port=')[1].split()[0]}")
+    assert len(steps) == len(in_image) == 3 and all(" -w node1 " in step for step in steps)
+    head_ip = commands[1].split("--node-ip-address=")[1].split()[0]
+    assert seen["RAY_ADDRESS"] == f"{head_ip}:{commands[1].split('--port=')[1].split()[0]}"
 
 
 def test_the_container_option_needs_slurm(bootstrap):

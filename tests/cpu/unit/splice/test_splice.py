@@ -277,6 +277,46 @@ def test_rule_4_accepts_an_unedited_history_comparing_ids_only():
     check_unedited_history(find_true_prefix(messages), full, EOS, decode, no_prompt, messages)
 
 
+def _pre_written_history():
+    """calendar's shape (NeMo Gym 0.7): a history with an assistant turn the policy never generated (no token IDs),
+    then the policy's own turn (a carrier) and the next user message. Token 52 is the pre-written reply."""
+    prompt = [20, 21, EOS, 23, 24, EOS, 26, 52, EOS, 23, 25, EOS, 26]  # system, user, pre-written reply, user
+    generation = [50, EOS]
+    messages = [
+        {"role": "system", "content": TEXT[21]},
+        {"role": "user", "content": TEXT[24]},
+        {"role": "assistant", "content": TEXT[52]},  # written into the row, never generated
+        {"role": "user", "content": TEXT[25]},
+        _assistant(prompt, generation),
+        {"role": "user", "content": TEXT[25]},
+    ]
+    full = [*prompt, 50, EOS, 23, 25, EOS, 26]
+    return messages, prompt, full
+
+
+def test_a_pre_written_assistant_turn_is_template_text_of_the_prompt_never_a_generation():
+    messages, prompt, full = _pre_written_history()
+    true_prefix = find_true_prefix(messages)
+    # Only the policy's own turn is a generation; the pre-written reply is part of that turn's prompt.
+    assert true_prefix.generations == (Generation(4, len(prompt), len(prompt) + 2),)
+    spliced = check_and_splice(true_prefix, 5, full, EOS, decode, no_prompt, messages)
+    assert spliced == full
+    # The pre-written reply keeps the template's tokens (52), before the first generation: packing makes every
+    # token before the first generation the episode's prompt (response_mask 0).
+    assert spliced.index(52) < true_prefix.generations[0].start
+
+
+def test_rule_4_refuses_a_pre_written_assistant_turn_edited_after_the_policy_saw_it():
+    messages, _, full = _pre_written_history()
+    messages[2] = {"role": "assistant", "content": TEXT[51]}
+    edited = [token if token != 52 else 51 for token in full]
+    with pytest.raises(EditedHistory, match=r"rule 4 .*first edited message: messages\[2\] ") as e:
+        check_unedited_history(
+            find_true_prefix(messages), edited, EOS, decode, lambda: GenerationPrompt("", ""), messages
+        )
+    assert e.value.edited == (2, "assistant")
+
+
 def test_rule_4_refuses_a_system_prompt_changed_between_turns_naming_it():
     messages = _two_turn()
     messages[0] = {"role": "system", "content": "Be verbose."}

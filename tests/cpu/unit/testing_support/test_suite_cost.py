@@ -21,6 +21,7 @@ from tests.support.suite_cost import (
     report,
     running_tests,
     tier_of,
+    track_modules,
 )
 
 
@@ -112,4 +113,27 @@ def test_the_tests_running_at_the_peak_are_read_from_the_xdist_workers_titles_an
         "    tests/cpu/integration/test_gym_runtime.py::test_health",
         "  the largest processes then:",
         "  9.00 GiB pid 7: x",
+    ]
+
+
+def test_each_modules_span_and_the_peak_memory_while_it_ran_are_tracked_and_reported_in_start_order():
+    spans: dict = {}
+    track_modules(
+        spans, ["tests/cpu/e2e/test_a.py::test_x", "tests/cpu/integration/test_b.py::test_y"], 1060.0, 5 * GIB
+    )
+    track_modules(spans, ["tests/cpu/e2e/test_a.py::test_z"], 1120.0, 9 * GIB)
+    track_modules(spans, ["tests/cpu/e2e/test_a.py::test_z", "tests/cpu/unit/test_c.py::test_q"], 1240.0, 7 * GIB)
+    assert spans == {
+        "tests/cpu/e2e/test_a.py": {"first": 1060.0, "last": 1240.0, "peak_bytes": 9 * GIB},
+        "tests/cpu/integration/test_b.py": {"first": 1060.0, "last": 1060.0, "peak_bytes": 5 * GIB},
+        "tests/cpu/unit/test_c.py": {"first": 1240.0, "last": 1240.0, "peak_bytes": 7 * GIB},
+    }
+    track_modules(spans, ["tests/cpu/integration/test_b.py::test_y"], 1100.0, 4 * GIB)
+    memory = {"peak_bytes": 9 * GIB, "start_bytes": 1 * GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0,
+              "started_at": 1000.0, "peak_at": 1120.0}  # fmt: skip
+    lines = format_report([], memory, spans=spans).splitlines()
+    at = lines.index("when the modules of 30 s or more ran, and the peak memory in use meanwhile:")
+    assert lines[at + 1 :] == [  # the one-sample module (test_c) is left out
+        "    1.0 to   4.0 min    9.0 GiB  tests/cpu/e2e/test_a.py",
+        "    1.0 to   1.7 min    5.0 GiB  tests/cpu/integration/test_b.py",
     ]

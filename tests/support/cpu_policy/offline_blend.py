@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A right and a wrong answer for one example row of each environment of `configs/offline_blend.yaml`.
+
+Each `Answer` is a NeMo Gym example row (from Gym's wheel), the scripted policy that plays it (one per row: the
+shared engine takes each row's script by name, `script_choice.scripted_row`), and what the environment itself
+must score it. Every completion is generated one token per character (`episodes._say`), so no turn re-tokenises to
+the model's IDs. The verdicts were read from each environment's `verify` (or `step`) in Gym 0.7.0:
+
+- calendar, row 0 (a pre-written history of 10 messages, 4 of them assistant turns): right repeats the calendar the
+  last assistant turn showed (both events within their constraints), wrong moves event 1 to 13:00 (it ends after
+  its "before 1:45pm"); 1.0 and 0.0.
+- example_tool_call_multireward, row 0: right calls get_weather for San Francisco, then answers (reward 2.0:
+  correctness 1, schema_valid 1, format 0, since Gym's simple_agent always ends on a message); wrong answers in
+  text at once (0.0, every component 0).
+- freeform_formatting, row 2: three lines starting with "-- " (1.0) against "- " (0.0).
+- xlam_fc, row 0: both expected calls (type beta and type game) in one turn, then a closing message (1.0); the
+  beta call alone (0.0). Gym's server implements no tool: each call gets a 404 body back.
+- math_with_code, row 0: runs `print(32)` in the session's Python tool, then answers \\boxed{32} (1.0) or \\boxed{31}
+  (0.0): two model calls around a stateful tool.
+- structeval_nonrenderable, row 0 (JSON): an object holding all 17 expected paths between <|BEGIN_CODE|> and
+  <|END_CODE|> (1.0: parsed, every path found); a JSON syntax error (0.0).
+- wordle, row 0 (target "chump"): guesses "crane", then "chump": a win on turn 2 (1.8, Gym's 2.0 less 0.2 per
+  turn after the first); or gives up in text after "crane" (0.0).
+
+Pure: builds rows and `ScriptedPolicy`s; no vLLM, HTTP or Gym import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.cpu_policy.episodes import _say, _tool_call
+from tests.support.cpu_policy.script import ScriptedPolicy, ScriptMatch, ScriptRule
+
+CALENDAR = "calendar_simple_agent"
+MULTIREWARD = "example_tool_call_multireward_simple_agent"
+FORMATTING = "freeform_formatting_simple_agent"
+XLAM = "xlam_fc_simple_agent"
+MATH_WITH_CODE = "math_with_code_simple_agent"
+STRUCTEVAL = "structeval_nonrenderable_simple_agent"
+WORDLE = "wordle_gymnasium_agent"
+
+EXAMPLES = {  # agent -> (Gym's example file, the row used)
+    CALENDAR: ("resources_servers/calendar/data/example.jsonl", 0),
+    MULTIREWARD: ("resources_servers/example_tool_call_multireward/data/example.jsonl", 0),
+    FORMATTING: ("resources_servers/format_verification/data/example.jsonl", 2),
+    XLAM: ("resources_servers/xlam_fc/data/example.jsonl", 0),
+    MATH_WITH_CODE: ("resources_servers/math_with_code/data/example.jsonl", 0),
+    STRUCTEVAL: ("resources_servers/structeval/data/example.jsonl", 0),
+    WORDLE: ("resources_servers/wordle/data/example.jsonl", 0),
+}
+
+TOOL_RESULT = ScriptMatch(last_message_regex="<tool_response>")
+FIRST_TURN = ScriptMatch(assistant_turns=0)
+ANY = ScriptMatch()
+
+NOVEL = {
+    "novel": {
+        "title": "The Glass Orchard",
+        "author": {"name": "Mara Ellis", "birth_year": 1975},
+        "publication": {"year": 2019, "publisher": "Northwind Press"},
+        "genres": ["literary fiction", "mystery"],
+        "characters": [
+            {"name": "Ivy", "role": "protagonist", "traits": ["curious", "stubborn"]},
+            {"name": "Cole", "role": "antagonist", "traits": ["charming", "secretive"]},
+        ],
+        "chapters": [
+            {"title": "Seeds", "word_count": 4200, "events": ["Ivy arrives"]},
+            {"title": "Roots", "word_count": 3900},
+        ],
+    }
+}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One episode to run: `row` played by `policy`, which the environment must score `reward`."""
+
+    agent: str
+    verdict: str  # "right" or "wrong"
+    row: dict
+    policy: ScriptedPolicy
+    reward: float
+    model_calls: int
+    components: dict[str, float] = field(default_factory=dict)  # the environment's reward_components, if any
+
+
+def _policy(*rules: tuple[ScriptMatch, str]) -> ScriptedPolicy:
+    return ScriptedPolicy(
+        rules=[ScriptRule(name=f"rule {i}", when=when, completion=_say(text)) for i, (when, text) in enumerate(rules)]
+    )
+
+
+def _calendar(row: dict) -> tuple[str, str]:
+    shown = [m["content"] for m in row["responses_create_params"]["input"] if m["role"] == "assistant"][-1]
+    events = json.loads(shown)
+    late = [dict(event, start_time="13:00") if event["event_id"] == 1 else event for event in events]
+    return f"Here is your calendar:\n{json.dumps(events)}", f"Here is your calendar:\n{json.dumps(late)}"
+
+
+def answers(gym_root: Path) -> list[Answer]:
+    """A right and a wrong answer per environment, over the example rows under `gym_root` (Gym's installed files),
+    each row naming its agent."""
+    rows = {}
+    for agent, (path, index) in EXAMPLES.items():
+        row = json.loads((gym_root / path).read_text().splitlines()[index])
+        rows[agent] = {**row, "agent_ref": {"type": "responses_api_agents", "name": agent}}
+    calendar_right, calendar_wrong = _calendar(rows[CALENDAR])
+    weather = _tool_call("get_weather", {"city": "San Francisco"})
+    beta, game = (_tool_call("live_giveaways_by_type", {"type": kind}) for kind in ("beta", "game"))
+    run_code = _tool_call("execute_python", {"code": "print(32)"})
+    novel = "<|BEGIN_CODE|>\n" + json.dumps(NOVEL) + "\n<|END_CODE|>"
+    guess = {word: _tool_call("submit_guess", {"guess": word}) for word in ("crane", "chump")}
+    no_components = {"correctness": 0.0, "schema_valid": 0.0, "format": 0.0}
+    return [
+        Answer(CALENDAR, "right", rows[CALENDAR], _policy((ANY, calendar_right)), 1.0, 1),
+        Answer(CALENDAR, "wrong", rows[CALENDAR], _policy((ANY, calendar_wrong)), 0.0, 1),
+        Answer(
+            MULTIREWARD,
+            "right",
+            rows[MULTIREWARD],
+            _policy((TOOL_RESULT, "It is sunny in San Francisco."), (ANY, weather)),
+            2.0,
+            2,
+            {"correctness": 1.0, "schema_valid": 1.0, "format": 0.0},
+        ),
+        Answer(MULTIREWARD, "wrong", rows[MULTIREWARD], _policy((ANY, "I cannot say.")), 0.0, 1, no_components),
+        Answer(FORMATTING, "right", rows[FORMATTING], _policy((ANY, "-- France\n\n-- Italy\n\n-- Spain")), 1.0, 1),
+        Answer(FORMATTING, "wrong", rows[FORMATTING], _policy((ANY, "- France\n\n- Italy\n\n- Spain")), 0.0, 1),
+        Answer(
+            XLAM,
+            "right",
+            rows[XLAM],
+            _policy((TOOL_RESULT, "Those are the live giveaways."), (ANY, f"{beta}\n{game}")),
+            1.0,
+            2,
+        ),
+        Answer(XLAM, "wrong", rows[XLAM], _policy((TOOL_RESULT, "That is the beta list."), (ANY, beta)), 0.0, 2),
+        Answer(
+            MATH_WITH_CODE,
+            "right",
+            rows[MATH_WITH_CODE],
+            _policy((TOOL_RESULT, "The count is \\boxed{32}."), (ANY, run_code)),
+            1.0,
+            2,
+        ),
+        Answer(
+            MATH_WITH_CODE,
+            "wrong",
+            rows[MATH_WITH_CODE],
+            _policy((TOOL_RESULT, "The count is \\boxed{31}."), (ANY, run_code)),
+            0.0,
+            2,
+        ),
+        Answer(STRUCTEVAL, "right", rows[STRUCTEVAL], _policy((ANY, novel)), 1.0, 1),
+        Answer(STRUCTEVAL, "wrong", rows[STRUCTEVAL], _policy((ANY, '<|BEGIN_CODE|>{"novel": }<|END_CODE|>')), 0.0, 1),
+        Answer(
+            WORDLE,
+            "right",
+            rows[WORDLE],
+            _policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, guess["chump"])),
+            1.8,
+            2,
+        ),
+        Answer(
+            WORDLE, "wrong", rows[WORDLE], _policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, "I give up.")), 0.0, 2
+        ),
+    ]
