@@ -6,8 +6,9 @@
 Two lanes run side by side, as the suite's two workers do: the heavy modules (`tests/cpu/conftest.py`'s
 `HEAVY_MODULES` and `HEAVY_WHEN_SHUFFLED`) one after another in one, the rest one after another in the other. So
 each module runs alone in its session, with nothing shared: the shared engine is started for each module that uses
-it. Each lane has its own temporary folder (`/tmp/<lane>`, short: Ray's socket paths under it must stay within 107
-bytes), so the session-end leftover check of one lane never sees the other's files. Writes one log per module and
+it. Each lane has its own temporary folder (`/tmp/h`, `/tmp/o`: a training run's Ray socket paths, under
+`<temp>/ngsuite-*/ngjob-*/ray/session_*/sockets/`, leave 8 bytes of the 107 a Unix socket's path may hold below
+`/tmp`), so the session-end leftover check of one lane never sees the other's files. Writes one log per module and
 `summary.txt` under OUT_DIR; exits 1 if any module failed.
 """
 
@@ -35,7 +36,7 @@ def _lanes(modules: list[Path]) -> dict[str, list[Path]]:
 
 
 def _run_lane(name: str, modules: list[Path], out: Path, results: list[str]) -> None:
-    temp = Path("/tmp") / f"each-{name}"
+    temp = Path("/tmp") / name[0]
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
     env = {**os.environ, "TMPDIR": str(temp)}
