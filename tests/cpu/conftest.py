@@ -105,11 +105,16 @@ _COST = pytest.StashKey[dict]()
 _SUITE_TEMP = pytest.StashKey[Path]()
 _BEFORE = pytest.StashKey[set[str]]()
 SHM = Path("/dev/shm")
+SHARED_SHM_ENV = "NG_SUITE_SHM_SHARED"
+"""Set (to 1) where other test sessions run beside this one (`tests/support/each_module.py`'s two lanes): /dev/shm is
+one per machine, so the session checks only its own temporary folder for leftovers."""
 
 
 def _entries(system_temp: Path) -> set[str]:
     found = {str(p) for p in system_temp.iterdir()}
-    return found | ({str(p) for p in SHM.iterdir()} if SHM.is_dir() else set())
+    if os.environ.get(SHARED_SHM_ENV) == "1" or not SHM.is_dir():
+        return found
+    return found | {str(p) for p in SHM.iterdir()}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,8 +8,9 @@ Two lanes run side by side, as the suite's two workers do: the heavy modules (`t
 each module runs alone in its session, with nothing shared: the shared engine is started for each module that uses
 it. Each lane has its own temporary folder (`/tmp/h`, `/tmp/o`: a training run's Ray socket paths, under
 `<temp>/ngsuite-*/ngjob-*/ray/session_*/sockets/`, leave 8 bytes of the 107 a Unix socket's path may hold below
-`/tmp`), so the session-end leftover check of one lane never sees the other's files. Writes one log per module and
-`summary.txt` under OUT_DIR; exits 1 if any module failed.
+`/tmp`), so the session-end leftover check of one lane never sees the other's files. /dev/shm is one per machine,
+so those checks leave it out (`NG_SUITE_SHM_SHARED=1`); the full suite, one session, checks it. Writes one log per
+module and `summary.txt` under OUT_DIR; exits 1 if any module failed.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+from tests.cpu.conftest import HEAVY_MODULES, HEAVY_WHEN_SHUFFLED, SHARED_SHM_ENV
 from tests.support.helpers import REPO_ROOT, TESTS_CPU
 
 
 def _lanes(modules: list[Path]) -> dict[str, list[Path]]:
-    from tests.cpu.conftest import HEAVY_MODULES, HEAVY_WHEN_SHUFFLED
-
     heavy = set(HEAVY_MODULES) | set(HEAVY_WHEN_SHUFFLED)
     return {
         "heavy": [m for m in modules if m.name in heavy],
@@ -39,7 +39,7 @@ def _run_lane(name: str, modules: list[Path], out: Path, results: list[str]) -> 
     temp = Path("/tmp") / name[0]
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
-    env = {**os.environ, "TMPDIR": str(temp)}
+    env = {**os.environ, "TMPDIR": str(temp), SHARED_SHM_ENV: "1"}
     for module in modules:
         relative = module.relative_to(REPO_ROOT)
         log = out / (str(relative).replace("/", "_") + ".log")
