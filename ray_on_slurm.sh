@@ -53,9 +53,9 @@ eval "$settings"
 read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
 [[ -z "$NG_RAY_TEMP_DIR" ]] || RAY_ARGS+=(--temp-dir="$NG_RAY_TEMP_DIR")
 RAY_ARGS+=(--disable-usage-stats --block)
-# A temporary folder of the job's own on every node (Ray's session folder, vLLM's sockets, verl's locks), removed
-# at the end. Exported before `ray start`, so srun hands it to every node.
-JOB_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ngjob-XXXXXXXX") || die "cannot create a temporary folder in ${TMPDIR:-/tmp}"
+# A folder of the job's own on every node (Ray's session, vLLM's sockets, verl's locks), removed at the end: under
+# TMPDIR, or /tmp where Ray's socket paths would be too long. Exported before `ray start`: srun hands it to each node.
+JOB_TMP=$(mktemp -d "$NG_JOB_TEMP_PARENT/ngjob-XXXXXXXX") || die "cannot create a folder in $NG_JOB_TEMP_PARENT"
 export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
 
 PIDS=() NAMES=()

@@ -101,6 +101,10 @@ if ! gym_ready; then
             "packages resolved for $GYM_PYTHON_FLOOR onto it (uv --python-version; see docs/nemo-gym.md)" >&2
         target=(--python-version "$GYM_PYTHON_FLOOR")
     fi
+    if ! command -v cc >/dev/null; then  # pycosat (reasoning_gym's) ships no wheel: uv builds it from source
+        echo "setup.sh: a C compiler is needed to build pycosat for .venv-gym (apt-get install gcc)" >&2
+        exit 1
+    fi
     echo "setup.sh: syncing .venv-gym with packaging/gym-requirements.txt (Python: $PY313 $PY313_VERSION)" >&2
     start=$(date +%s)
     rm -rf .venv-gym

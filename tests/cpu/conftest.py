@@ -16,7 +16,8 @@ one after another while the other runs the rest. Each of them starts verl's trai
 Gym's servers (8-12 GB); two at once passed Ray's memory limit on a 24 GB machine (CI, 2026-11-26:
 `OutOfMemoryError ... 21.99GB used / 23.54GB`, workers killed during step 2's weight sync of `test_main_ppo` while
 `test_load` ran). Without `--shuffle` the heavy unit comes first; the other worker runs the modules without
-servers first and the ones that start servers last (`SERVER_MODULES`), away from `test_main_ppo`.
+servers first and the ones that start servers last (`SERVER_MODULES`), away from `test_main_ppo`. Under
+`--shuffle` the heavy unit also takes `HEAVY_WHEN_SHUFFLED` (a module with a vLLM engine of its own).
 
 Leftovers: the session gives every process it starts a temporary folder of its own (`TMPDIR`: a `ngsuite-*` folder
 in the system's), so what test fixtures' servers leave there (vLLM's sockets, Ray's sessions) goes with it at the
@@ -47,8 +48,9 @@ import pytest
 # So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures): 27.2
 # min (2026-11-28), the other worker idle from minute 19.4. test_more_environments then took in the offline blend's
 # seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s).
-# manager_exit, end_to_end, end_to_end_gym_0_4, more_environments and load share one verl vLLM server (the
-# `shared_engine` fixture, about 100-150 s to start), so they come together: the engine lives only while they run.
+# manager_exit, end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
+# `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
+# test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm_training.py",
@@ -59,11 +61,14 @@ HEAVY_MODULES = (
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
     "test_load.py",
-    # Two engines of their own (~9 GB): beside an engine of the other worker, Ray's memory monitor once killed
-    # test_attach's engines.
-    "test_attach_training.py",
     "test_attach.py",
+    # A trainer of its own; the shared engine is stopped before it (`_no_idle_engine_beside_a_heavy_module`).
+    "test_attach_training.py",
 )
+# Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
+# order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines
+# (21.9 GiB, 2026-11-28, when test_attach still started its own), so a shuffle runs it on the heavy worker.
+HEAVY_WHEN_SHUFFLED = ("test_multiturn_http.py",)
 HEAVY_GROUP = "heavy"
 # The folder of the modules that run a training job (verl's main_ppo, a submit script, the launcher): their
 # integration tests are marked `e2e` too (`pytest_itemcollected`), the tier `-m e2e` selects.
@@ -100,11 +105,16 @@ _COST = pytest.StashKey[dict]()
 _SUITE_TEMP = pytest.StashKey[Path]()
 _BEFORE = pytest.StashKey[set[str]]()
 SHM = Path("/dev/shm")
+SHARED_SHM_ENV = "NG_SUITE_SHM_SHARED"
+"""Set (to 1) where other test sessions run beside this one (`tests/support/each_module.py`'s two lanes): /dev/shm is
+one per machine, so the session checks only its own temporary folder for leftovers."""
 
 
 def _entries(system_temp: Path) -> set[str]:
     found = {str(p) for p in system_temp.iterdir()}
-    return found | ({str(p) for p in SHM.iterdir()} if SHM.is_dir() else set())
+    if os.environ.get(SHARED_SHM_ENV) == "1" or not SHM.is_dir():
+        return found
+    return found | {str(p) for p in SHM.iterdir()}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -184,6 +194,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def heavy_modules(config: pytest.Config) -> tuple[str, ...]:
+    """The modules one worker runs one after another: `HEAVY_MODULES`, and `HEAVY_WHEN_SHUFFLED` under `--shuffle`."""
+    return HEAVY_MODULES + (HEAVY_WHEN_SHUFFLED if config.getoption("--shuffle") is not None else ())
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, with all the heavy modules in one work unit (so on one worker, in collection order).
 
@@ -195,10 +210,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    heavy = heavy_modules(config)
+
     class HeavyLaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return HEAVY_GROUP if Path(module).name in HEAVY_MODULES else module
+            return HEAVY_GROUP if Path(module).name in heavy else module
 
     return HeavyLaneScheduling(config, log)
 
@@ -290,7 +307,7 @@ def _no_idle_engine_beside_a_heavy_module(request):
     """Stop the shared engine (4.3 GB) before a heavy module that does not use it: in file order the modules that
     use it run last and together, but in a `--shuffle` order a trainer would otherwise run beside an idle engine."""
     module = request.node.path
-    if _SHARED_ENGINE and module.name in HEAVY_MODULES:
+    if _SHARED_ENGINE and module.name in heavy_modules(request.config):
         items = [item for item in request.session.items if item.path == module]
         if not any("shared_engine" in item.fixturenames for item in items):
             _SHARED_ENGINE[0].stop()

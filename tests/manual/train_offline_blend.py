@@ -36,8 +36,9 @@ def main(out: Path) -> int:
     for verdict in ("right", "wrong"):
         for i, play in enumerate(p for p in plays if p.verdict == verdict):
             rows.append(scripted_row(play.row, play.policy.to_file(out / f"script-{verdict}-{i}.json")))
+    environments = len(rows) // 2  # a batch: one row of each environment, all right (step 1) or all wrong (step 2)
     train = write_jsonl(rows, out / "train.jsonl")
-    val = write_jsonl(rows[:7], out / "val.jsonl")
+    val = write_jsonl(rows[:environments], out / "val.jsonl")
     fallback = ScriptedPolicy(rules=[], fallback="model").to_file(out / "fallback.json")
     spec = JobSpec(
         out_dir=out / "job",
@@ -46,7 +47,7 @@ def main(out: Path) -> int:
         train_files=[train],
         val_files=[val],
         steps=2,
-        batch_size=7,
+        batch_size=environments,
         n=2,
         prompt_length=3072,
         response_length=1024,

@@ -5,6 +5,7 @@
   `integration/` and `e2e/` in it) and the suite's own NeMo Gym servers (`tests/cpu/gym_envs`), so that no test
   module counts its folder's parents.
 - `free_port`: a TCP port free on 127.0.0.1 now.
+- `PortForward`: a second address (127.0.0.1) for one TCP server.
 - `nemo_gym_processes`, `processes_with_env`, `alive`: process-list scans for what a test may have left running
   (found by psutil, not by the word of the code under test). They look only at processes marked as the test's
   own (a head port, an environment entry its run passed down), so tests running beside it cannot confuse them.
@@ -54,6 +55,46 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class PortForward:
+    """A second address for one TCP server: a listener on 127.0.0.1 that pipes each connection to `target`
+    ("host:port"), byte for byte, in threads. A test that needs several servers' addresses (a relay spreading
+    calls) can then list one real server twice. A context manager; `address` is "127.0.0.1:port"."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = threading.Event()
+
+    def __enter__(self) -> PortForward:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed by __exit__
+                return
+            upstream = socket.create_connection(self._target, timeout=30)
+            upstream.settimeout(None)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):  # the other direction may still be sending: close ours only
+            sink.shutdown(socket.SHUT_WR)
 
 
 def _live_processes_whose_env(

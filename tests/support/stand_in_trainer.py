@@ -10,8 +10,8 @@ a full `main_ppo` costs minutes a test; this stand-in costs a second. Run as `Jo
 - takes the same command line as `main_ppo` (Hydra overrides, ignored);
 - starts a child in its own process group, as Ray's workers are (the launcher must wait for it; like a Ray worker,
   it ends once the trainer has);
-- writes a file into its `TMPDIR` (the launcher removes the folder), then prints the line the NeMo Gym manager prints
-  when training is next (`NeMo Gym <version> ready in <n> s: agents [...]`);
+- writes a file into its `TMPDIR` (the launcher removes the folder) and prints where, then prints the line the NeMo
+  Gym manager prints when training is next (`NeMo Gym <version> ready in <n> s: agents [...]`);
 - waits until signalled. On SIGINT it stops as verl's driver does, by Python's KeyboardInterrupt (a traceback in its
   output, exit status 1) after stopping its child; SIGKILL kills it outright;
 - or, once the file named by `$NG_STAND_IN_FINISH_FILE` exists, logs one step as verl's `file` logger does
@@ -44,6 +44,7 @@ def main() -> None:
     child = subprocess.Popen([sys.executable, "-c", _CHILD])
     with open(os.path.join(tempfile.gettempdir(), "stand_in_trainer.txt"), "w") as f:
         f.write("a file of the run's own\n")
+    print(f"stand-in trainer: TMPDIR {tempfile.gettempdir()}", flush=True)
     print("NeMo Gym 0.7.0 ready in 1 s: agents ['stand_in_simple_agent']; policy stand-in", flush=True)
     finish = os.environ.get(FINISH_FILE_ENV)
     try:

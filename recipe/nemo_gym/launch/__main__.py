@@ -22,7 +22,7 @@ from pathlib import Path
 
 from recipe.nemo_gym.errors import NeMoGymPluginError
 from recipe.nemo_gym.launch import checks
-from recipe.nemo_gym.launch.cluster import this_node_address, wait_for_nodes
+from recipe.nemo_gym.launch.cluster import job_temp_parent, this_node_address, wait_for_nodes
 from recipe.nemo_gym.launch.compose import CPU_DEFAULT_RAY_CPUS, TRAINER_MODULE, Backend, Launch, compose
 from recipe.nemo_gym.launch.job import Job, load_job
 from recipe.nemo_gym.launch.supervise import run_trainer, say
@@ -75,10 +75,20 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], comm
     return launch
 
 
+def temp_parent(temp: str) -> str:
+    """Where the job's temporary folder goes (`cluster.job_temp_parent`), saying so when it is not `temp`."""
+    parent = job_temp_parent(temp)
+    if parent != temp:
+        say(f"TMPDIR {temp} is too long for the Unix socket paths of Ray under it: the job's temporary folder goes "
+            f"under {parent}")  # fmt: skip
+    return parent
+
+
 def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
     """`export` lines for the Ray bootstrap (`ray_on_slurm.sh`): the job's environment, Ray's authentication, then
     the bootstrap's own settings (`NG_*`; NG_HEAD_IP: under Slurm, this node's address for the others, for the
-    bootstrap runs this on the head node; else 127.0.0.1). Values are shell-quoted; the secrets of the environment are
+    bootstrap runs this on the head node; else 127.0.0.1; NG_JOB_TEMP_PARENT: where the job's temporary folder goes,
+    `job_temp_parent`). Values are shell-quoted; the secrets of the environment are
     not among them (a token is one only when the job gets a fresh one)."""
     c = job.cluster
     values = dict(launch.environment)
@@ -99,6 +109,7 @@ def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
         NG_STOP_GRACE_S=str(c.stop_grace_s),
         NG_RAY_START_ARGS=" ".join(launch.ray_start_args),
         NG_HEAD_IP=this_node_address() if environ.get("SLURM_JOB_ID") else "127.0.0.1",
+        NG_JOB_TEMP_PARENT=temp_parent(environ.get("TMPDIR") or "/tmp"),
     )
     lines = [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
     if job.backend == "cpu" and environ.get("CUDA_VISIBLE_DEVICES", None) == "":
@@ -161,9 +172,11 @@ def run(job: Job, launch: Launch, argv: list[str], environ: Mapping[str, str]) -
     say(f"starting the trainer ({job.experiment}, backend {job.backend}) against Ray at {address or 'its own'}")
     with contextlib.ExitStack() as stack:
         if not address:
-            # Short: Ray's socket paths live under it. The bootstrap gives each job its own TMPDIR already.
+            # The job's own Ray keeps its sessions and sockets here. The bootstrap gives each job its own TMPDIR.
             env["TMPDIR"] = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="ngjob-", ignore_cleanup_errors=True)
+                tempfile.TemporaryDirectory(
+                    prefix="ngjob-", dir=temp_parent(tempfile.gettempdir()), ignore_cleanup_errors=True
+                )
             )
         outcome_file = environ.get("NG_OUTCOME_FILE")
         if not outcome_file:

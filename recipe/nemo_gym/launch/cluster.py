@@ -12,6 +12,7 @@ which the bootstrap starts Ray's head on (`launch ray-env`, run on that node, ex
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import subprocess
@@ -50,6 +51,22 @@ def this_node_address() -> str:
         a.address for addresses in psutil.net_if_addrs().values() for a in addresses if a.family == socket.AF_INET
     ]
     return node_address(resolved, interfaces)
+
+
+UNIX_SOCKET_PATH_MAX = 107
+"""Bytes a Unix socket's path may hold on Linux (`sockaddr_un.sun_path` is 108, its terminating NUL included)."""
+RAY_SOCKET_UNDER_JOB_TEMP = "/ngjob-xxxxxxxx/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+"""The longest path a job's own Ray puts under the folder that holds the job's temporary folder: Ray 2.60 keeps its
+sessions in `$TMPDIR/ray` (here the job's `ngjob-*`), its sockets in `session_<time>_<pid>/sockets/` (Linux's
+largest pid); a longer one and Ray fails at start (`validate_socket_filename failed`)."""
+
+
+def job_temp_parent(temp: str, fallback: str = "/tmp") -> str:
+    """Where a job's own temporary folder (`ngjob-*`) goes: under `temp` (the launcher's TMPDIR), or under `fallback`
+    when Ray's socket paths below `temp` would pass the Unix limit (a Slurm node's TMPDIR, such as
+    /scratch/<user>/<job>/tmp, often does)."""
+    fits = len(os.fsencode(temp.rstrip("/"))) + len(RAY_SOCKET_UNDER_JOB_TEMP) <= UNIX_SOCKET_PATH_MAX
+    return temp if fits else fallback
 
 
 def count_ray_nodes(status_text: str) -> int:

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -210,6 +211,24 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []  # the killed trainer's child too: the launcher stops the whole group
     assert _job_temp_folders() <= before
+
+
+def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_under_tmp(tmp_path, plugin_yaml):
+    long_temp = tmp_path / ("t" * 40)  # with Ray's session and socket names below it, past the 107-byte limit
+    long_temp.mkdir()
+    finish = tmp_path / "finish"
+    finish.touch()  # the stand-in trainer logs one step and exits 0 at once
+    env = {"TMPDIR": str(long_temp), FINISH_FILE_ENV: str(finish)}
+    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "long-tmpdir", env=env)
+    assert job.finish(timeout_s=120) == 0, job.console()
+    assert (
+        f"launch: TMPDIR {long_temp} is too long for the Unix socket paths of Ray under it: the job's temporary folder "
+        "goes under /tmp"
+    ) in job.lines, job.console()
+    (trainer_temp,) = re.findall(r"stand-in trainer: TMPDIR (\S+)$", job.spec.log_file.read_text(), re.M)
+    assert Path(trainer_temp).parent == Path("/tmp") and Path(trainer_temp).name.startswith("ngjob-")
+    assert not Path(trainer_temp).exists() and list(long_temp.iterdir()) == []
+    assert job.left_behind() == []
 
 
 def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, plugin_yaml):

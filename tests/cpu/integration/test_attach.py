@@ -4,8 +4,10 @@ through Gym's endpoint file, and starts, signals and stops nothing of Gym's.
 
 Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with docs/attach-mode.md's `gym env start`
 command (`external_gym.py`: offline venv links are the one difference) running `example_single_tool_call` (a real
-`get_weather` call between two model calls) -> the real manager, created by verl's `create(...)` over verl's own
-vLLM rollout (two replicas, standalone, splice patch armed) playing a scripted policy -> the packed DataProto.
+`get_weather` call between two model calls) -> the real manager, created by verl's `create(...)` over verl's
+client and the suite's shared engine (verl's standalone vLLM rollout, splice patch armed; each row names its
+scripted policy) -> the packed DataProto. Several policy servers are that one engine listed twice: its own address
+and a second one in front of it (`helpers.PortForward`, bytes piped unchanged), so the relay has two to spread over.
 The pure parts (the handover checks, the endpoint file, the relay's choice, the config's rules) are tested in
 `test_attach_units.py`.
 """
@@ -25,9 +27,10 @@ from recipe.nemo_gym_demo.data import example_rows, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
 from tests.support.cpu_policy.episodes import tools_and_games_policy
-from tests.support.engine.standalone import init_local_ray, standalone_overrides, verl_rollout
+from tests.support.engine.script_choice import scripted_row
+from tests.support.engine.standalone import init_local_ray, standalone_overrides
 from tests.support.external_gym import ExternalGym
-from tests.support.helpers import alive, free_port
+from tests.support.helpers import PortForward, alive, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -37,13 +40,14 @@ ATTACH_CONFIG = harness.REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "attach.
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """verl's rollout with two vLLM servers (this process's Ray) and a Gym started outside any manager."""
+def setup(tmp_path_factory, shared_engine):
+    """The shared engine under two addresses, and a Gym started outside any manager."""
     import ray
 
     tmp = tmp_path_factory.mktemp("attach")
     model_dir = tiny_qwen3_dir()
-    rows = example_rows([WEATHER])[:2]
+    script = tools_and_games_policy().to_file(tmp / "script.json")
+    rows = [scripted_row(row, script) for row in example_rows([WEATHER])[:2]]
     data = write_jsonl(rows, tmp / "rows.jsonl")
     gym = ExternalGym.start(tmp / "gym", [WEATHER_CONFIG], model_name=str(model_dir), port=free_port())
     # The shipped attach config, as a user runs it (the child of the SIGKILL test inherits the variable).
@@ -56,11 +60,11 @@ def setup(tmp_path_factory):
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
 
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
-    init_local_ray(gpus=2)
+    init_local_ray()  # verl's load balancer is a Ray actor of this process's Ray
     try:
-        script = tools_and_games_policy().to_file(tmp / "script.json")
-        with verl_rollout(config, script_file=script) as rollout:
-            yield {"gym": gym, "config": config, "dataset": dataset, "rollout": rollout, "tmp": tmp, "rows": rows}
+        with PortForward(shared_engine.address) as second:
+            addresses = [shared_engine.address, second.address]
+            yield {"gym": gym, "config": config, "dataset": dataset, "addresses": addresses, "tmp": tmp}
     finally:
         ray.shutdown()
         gym.stop()
@@ -99,7 +103,7 @@ def check_weather_episodes(output, results):
 def test_attached_gym_gets_the_policy_address_runs_the_batch_and_is_left_running(setup):
     gym = setup["gym"]
     before = gym.pids()
-    first = setup["rollout"].addresses[0]
+    first = setup["addresses"][0]
     output, results, attached, published = run_batch(setup, [first])
     check_weather_episodes(output, results)
     assert published == f"http://{first}/v1"  # one verl server: its own address, no relay
@@ -110,8 +114,7 @@ def test_attached_gym_gets_the_policy_address_runs_the_batch_and_is_left_running
 
 
 def test_several_policy_servers_are_published_as_one_relay_that_spreads_the_calls(setup):
-    addresses = setup["rollout"].addresses
-    assert len(addresses) == 2
+    addresses = setup["addresses"]
     output, results, attached, published = run_batch(setup, addresses)
     check_weather_episodes(output, results)
     relay = attached.relay
@@ -153,7 +156,7 @@ def test_sigkill_of_the_trainer_leaves_the_attached_gym_running_and_usable(setup
     gym, tmp = setup["gym"], setup["tmp"]
     before = gym.pids()
     marker = tmp / "child_reward"
-    address = setup["rollout"].addresses[0]
+    address = setup["addresses"][0]
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}
     argv = [sys.executable, "-c", CHILD, str(ATTACH_CONFIG), str(tmp / "rows.jsonl"), address,
             str(tiny_qwen3_dir()), str(marker)]  # fmt: skip
@@ -180,7 +183,7 @@ def test_a_gym_without_the_named_policy_model_server_is_refused_at_start_naming_
         tiny_qwen3_dir(), yaml_path, prompt_length=1024, response_length=256, n=2, batch_size=2
     )
     config = harness.compose_verl_config([*overrides, *standalone_overrides(replicas=2, scripted=True)])
-    client = harness.verl_llm_client(config, setup["rollout"].addresses[:1])
+    client = harness.verl_llm_client(config, setup["addresses"][:1])
     before = setup["gym"].endpoint_file.read_text() if setup["gym"].endpoint_file.exists() else None
     expected = r"no model server 'no_such_server' \(its model servers: \['policy_model'\]"
     with pytest.raises(GymConfigError, match=expected), harness.manager_over(config, client):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Nine more of NeMo Gym's environments end to end, from the shipped `recipe/nemo_gym/configs/tools_and_games.yaml`
+"""Eleven more of NeMo Gym's environments end to end, from the shipped `recipe/nemo_gym/configs/tools_and_games.yaml`
 and `offline_blend.yaml`, in one Gym stack: each scores what the scripted policy answers itself, and every episode
 packs with only the policy's tokens trained.
 
@@ -10,8 +10,9 @@ servers -> the packed DataProto and the step's metrics:
 - `tools_and_games.yaml`: `example_single_tool_call` (a real `get_weather` tool call between two model calls) and
   `blackjack` (Gym's `gymnasium_agent`: hit, then stand; the game deals its own cards);
 - `offline_blend.yaml`: calendar (a pre-written history), example_tool_call_multireward (three reward components),
-  freeform_formatting, xlam_fc, math_with_code (a stateful Python tool), structeval_nonrenderable and wordle (Gym's
-  gymnasium_agent), each playing one example row twice over: a right and a wrong answer
+  freeform_formatting, xlam_fc, math_with_code (a stateful Python tool), structeval_nonrenderable, wordle (Gym's
+  gymnasium_agent), reasoning_gym and code_gen (unit tests run in Ray tasks on Gym's own Ray), each playing one
+  example row twice over: a right and a wrong answer
   (`tests/support/cpu_policy/offline_blend.py` says what each is and why the environment scores it so).
 The two shipped configs' servers run in one stack (their `config_paths` together), so Gym starts once.
 """
@@ -110,7 +111,7 @@ def _offline(episodes):
 def test_every_episode_of_every_environment_trains_on_exactly_the_policys_tokens(episodes):
     games, plays, output, results, _ = episodes
     print(f"\nNeMo Gym {episodes[4]._gym.version}: {len(results)} episodes")  # noqa: SLF001
-    assert len(results) == len(output) == N * (len(games) + len(plays)) == 48
+    assert len(results) == len(output) == N * (len(games) + len(plays)) == 56
     failures = [r for r in results if isinstance(r, EpisodeFailure)]
     assert not failures and output.meta_info["timing"]["nemo_gym/all/failed"] == 0, failures
     responses, mask = output.batch["responses"], output.batch["response_mask"]

@@ -21,6 +21,11 @@ the model's IDs. The verdicts were read from each environment's `verify` (or `st
   <|END_CODE|> (1.0: parsed, every path found); a JSON syntax error (0.0).
 - wordle, row 0 (target "chump"): guesses "crane", then "chump": a win on turn 2 (1.8, Gym's 2.0 less 0.2 per
   turn after the first); or gives up in text after "crane" (0.0).
+- reasoning_gym, row 0 (knights_knaves): the solution between <answer> tags (1.0, reasoning_gym's own scorer) or
+  the two roles swapped (0.0).
+- code_gen, row 3 (pouring water between barrels, 82 unit tests): a Python program in a ```python fence that sums
+  the k + 1 fullest barrels (1.0: Gym runs every test in a Ray task on its own Ray, unsandboxed) or the k fullest
+  (0.0: the first test's output differs).
 
 Pure: builds rows and `ScriptedPolicy`s; no vLLM, HTTP or Gym import.
 """
@@ -41,6 +46,8 @@ XLAM = "xlam_fc_simple_agent"
 MATH_WITH_CODE = "math_with_code_simple_agent"
 STRUCTEVAL = "structeval_nonrenderable_simple_agent"
 WORDLE = "wordle_gymnasium_agent"
+REASONING_GYM = "reasoning_gym_simple_agent"
+CODE_GEN = "code_gen_simple_agent"
 
 EXAMPLES = {  # agent -> (Gym's example file, the row used)
     CALENDAR: ("resources_servers/calendar/data/example.jsonl", 0),
@@ -50,6 +57,8 @@ EXAMPLES = {  # agent -> (Gym's example file, the row used)
     MATH_WITH_CODE: ("resources_servers/math_with_code/data/example.jsonl", 0),
     STRUCTEVAL: ("resources_servers/structeval/data/example.jsonl", 0),
     WORDLE: ("resources_servers/wordle/data/example.jsonl", 0),
+    REASONING_GYM: ("resources_servers/reasoning_gym/data/example.jsonl", 0),
+    CODE_GEN: ("resources_servers/code_gen/data/example.jsonl", 3),
 }
 
 TOOL_RESULT = ScriptMatch(last_message_regex="<tool_response>")
@@ -72,6 +81,22 @@ NOVEL = {
         ],
     }
 }
+
+
+# code_gen's row 3: t test cases of n barrels, at most k pourings each, asking the largest difference between the
+# fullest and the emptiest barrel: the sum of the k + 1 fullest (each pouring empties one more into one of them,
+# and an emptied barrel holds 0). FULLEST is how many the program sums.
+BARRELS = """import sys
+
+data = sys.stdin.read().split()
+pos, out = 1, []
+for _ in range(int(data[0])):
+    n, k = int(data[pos]), int(data[pos + 1])
+    barrels = sorted(map(int, data[pos + 2 : pos + 2 + n]), reverse=True)
+    pos += 2 + n
+    out.append(str(sum(barrels[:FULLEST])))
+print("\\n".join(out))
+"""
 
 
 @dataclass(frozen=True)
@@ -114,6 +139,9 @@ def answers(gym_root: Path) -> list[Answer]:
     novel = "<|BEGIN_CODE|>\n" + json.dumps(NOVEL) + "\n<|END_CODE|>"
     guess = {word: _tool_call("submit_guess", {"guess": word}) for word in ("crane", "chump")}
     no_components = {"correctness": 0.0, "schema_valid": 0.0, "format": 0.0}
+    knights = rows[REASONING_GYM]["answer"]  # "Zoey is a fool, and Riley is a sage."
+    swapped = knights.replace("fool", "<f>").replace("sage", "fool").replace("<f>", "sage")
+    program = {keep: f"```python\n{BARRELS.replace('FULLEST', keep)}```" for keep in ("k + 1", "k")}
     return [
         Answer(CALENDAR, "right", rows[CALENDAR], _policy((ANY, calendar_right)), 1.0, 1),
         Answer(CALENDAR, "wrong", rows[CALENDAR], _policy((ANY, calendar_wrong)), 0.0, 1),
@@ -167,4 +195,8 @@ def answers(gym_root: Path) -> list[Answer]:
         Answer(
             WORDLE, "wrong", rows[WORDLE], _policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, "I give up.")), 0.0, 2
         ),
+        Answer(REASONING_GYM, "right", rows[REASONING_GYM], _policy((ANY, f"<answer>{knights}</answer>")), 1.0, 1),
+        Answer(REASONING_GYM, "wrong", rows[REASONING_GYM], _policy((ANY, f"<answer>{swapped}</answer>")), 0.0, 1),
+        Answer(CODE_GEN, "right", rows[CODE_GEN], _policy((ANY, program["k + 1"])), 1.0, 1),
+        Answer(CODE_GEN, "wrong", rows[CODE_GEN], _policy((ANY, program["k"])), 0.0, 1),
     ]

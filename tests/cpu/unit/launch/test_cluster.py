@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.nemo_gym.launch.cluster import ClusterNotFormed, count_ray_nodes, node_address, wait_for_nodes
+from recipe.nemo_gym.launch.cluster import (
+    RAY_SOCKET_UNDER_JOB_TEMP,
+    UNIX_SOCKET_PATH_MAX,
+    ClusterNotFormed,
+    count_ray_nodes,
+    job_temp_parent,
+    node_address,
+    wait_for_nodes,
+)
 
 # `ray status` of Ray 2.60 (autoscaler v2 layout) for a cluster of three nodes, one still launching.
 RAY_STATUS_THREE_NODES = """======== Autoscaler status: 2026-01-01 00:00:00.000000 ========
@@ -67,3 +75,15 @@ def test_the_head_address_is_the_host_names_unless_loopback_then_the_first_other
     assert node_address("127.0.1.1", ["127.0.0.1", "192.168.1.4", "10.0.0.5"]) == "192.168.1.4"  # Debian's /etc/hosts
     assert node_address(None, ["127.0.0.1", "10.0.0.5"]) == "10.0.0.5"  # the host name does not resolve
     assert node_address("127.0.1.1", ["127.0.0.1"]) == "127.0.0.1"  # no other interface
+
+
+def test_a_jobs_temporary_folder_goes_under_tmpdir_unless_rays_socket_paths_there_would_pass_the_unix_limit():
+    longest = "/" + "t" * (UNIX_SOCKET_PATH_MAX - len(RAY_SOCKET_UNDER_JOB_TEMP) - 1)  # 24 bytes
+    assert job_temp_parent("/tmp") == "/tmp"
+    assert job_temp_parent("/tmp/ngsuite-lzbcnmow") == "/tmp/ngsuite-lzbcnmow"  # the suite's own, 21 bytes
+    assert job_temp_parent(longest) == longest
+    assert job_temp_parent(longest + "/") == longest + "/"  # a trailing slash adds nothing to the paths
+    assert job_temp_parent(longest + "t") == "/tmp"
+    # Measured in bytes, as the kernel does: two characters of two bytes each pass where two of one byte fit.
+    assert job_temp_parent(longest[:-2] + "éé") == "/tmp"
+    assert job_temp_parent("/scratch/alice/1234567/tmp", fallback="/var/tmp") == "/var/tmp"

@@ -47,3 +47,12 @@ def test_a_users_own_ray_authentication_is_left_alone():
 def test_the_head_address_is_loopback_without_slurm_and_this_nodes_own_in_a_slurm_job():
     assert _exports({})["NG_HEAD_IP"] == "127.0.0.1"
     assert _exports({"SLURM_JOB_ID": "7"})["NG_HEAD_IP"] == this_node_address()
+
+
+def test_the_jobs_temporary_folder_goes_under_tmpdir_unless_it_is_too_long_for_rays_sockets(capsys):
+    assert _exports({})["NG_JOB_TEMP_PARENT"] == "/tmp"
+    assert _exports({"TMPDIR": "/tmp/slurm-7"})["NG_JOB_TEMP_PARENT"] == "/tmp/slurm-7"
+    assert capsys.readouterr().err == ""
+    long_temp = "/scratch/users/alice/slurm-1234567/tmp"
+    assert _exports({"TMPDIR": long_temp})["NG_JOB_TEMP_PARENT"] == "/tmp"
+    assert f"TMPDIR {long_temp} is too long for the Unix socket paths of Ray under it" in capsys.readouterr().err

@@ -365,6 +365,9 @@ NOT_RUN: dict[str, str] = {
     r"PYTHONPATH=\$REPO:\$PYTHONPATH VERL_USE_EXTERNAL_MODULES=recipe\.nemo_gym\.vllm_plugin python -m "
     r"verl\.trainer\.main_ppo .+": "the README's command 'in essence' (`...` for the job's own settings): "
     "tests/cpu/unit/test_verl_overrides.py checks that it carries every plugin override; the submit scripts run it",
+    r"\.venv/bin/python -m tests\.support\.each_module outputs/each-module": "every module of the suite in a "
+    "session of its own (about 40 minutes); tests/cpu/unit/testing_support/test_each_module.py runs the tool on "
+    "two light modules",
     r"srun \.venv-gym/bin/gym env start .+": "attach mode's Gym job (Slurm): "
     "test_attach_command_shown_is_the_one_test_support_runs checks it against external_gym.attach_command, which "
     "tests/cpu/integration/test_attach.py runs",
