@@ -27,6 +27,10 @@ with. `--server-workers N` runs the model server and the environment server (rel
 `--env flaky` measures what retries add to a batch: after a warm-up, `--rounds` pairs of batches of uppercase_share's
 rows on the tests' `fail_on_request` server (`tests/cpu/gym_envs`), the first with no failure, the second with each
 verify failing at random at `--transient-failure-pct` (HTTP 500; the manager retries it `--retries` times).
+`--replicas K` runs the environment's agent as K copies, each with its own resources and environment server
+(`nemo_gym.replicas`); the report gives CPU per model call by role (manager, relay, agent, model server, resources
+server, policy server), all of a role's processes together and its busiest one alone. Run it under `taskset -c ...`
+to measure on fewer cores (the report says how many it had).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
@@ -44,6 +48,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import socket
 import tempfile
 import threading
@@ -166,6 +171,7 @@ class FDSampler:
         self.processes = {pid: (name, psutil.Process(pid)) for pid, name in processes.items()}
         self.interval_s = interval_s
         self.peak: dict[int, int] = dict.fromkeys(self.processes, 0)
+        self.peak_rss: dict[int, int] = dict.fromkeys(self.processes, 0)
         self.peak_total = 0
         self.samples = 0
         self.cpu_start = {pid: _cpu_s(proc) for pid, (_, proc) in self.processes.items()}
@@ -178,9 +184,11 @@ class FDSampler:
         for pid, (_, proc) in self.processes.items():
             try:
                 n = proc.num_fds()
+                rss = proc.memory_info().rss
             except psutil.Error:
                 continue
             self.peak[pid] = max(self.peak[pid], n)
+            self.peak_rss[pid] = max(self.peak_rss[pid], rss)
             total += n
         self.peak_total = max(self.peak_total, total)
         self.samples += 1
@@ -209,8 +217,41 @@ class FDSampler:
             except psutil.Error:
                 soft = None
             row = {"pid": pid, "name": name, "peak_fds": self.peak[pid], "soft_nofile": soft}
+            row["peak_rss_mb"] = round(self.peak_rss[pid] / 2**20, 1)
             rows.append(row | {"cpu_s": round(self.cpu_used.get(pid, 0.0), 2)})
         return rows
+
+
+ROLES = {
+    "responses_api_agents": "agent",
+    "environment_servers": "relay",
+    "responses_api_models": "model server",
+    "resources_servers": "resources server",
+}
+
+
+def cpu_by_role(processes: list[dict[str, Any]], kinds: dict[str, str], calls: int) -> dict[str, dict[str, Any]]:
+    """CPU during the batch per role (manager, relay, agent, model server, resources server, policy server): the
+    servers of a role (copies and uvicorn workers included), their process count, CPU-s, and CPU-ms per model call
+    (all of the role's processes together, and the busiest one alone: the one a single process caps), and the sum
+    of the processes' peak RSS."""
+    roles: dict[str, dict[str, Any]] = {}
+    for row in processes:
+        role = ROLES.get(kinds.get(row["name"], ""), row["name"])
+        entry = roles.setdefault(
+            role, {"servers": set(), "processes": 0, "cpu_s": 0.0, "busiest_cpu_s": 0.0, "peak_rss_mb": 0.0}
+        )
+        entry["servers"].add(row["name"])
+        entry["peak_rss_mb"] = round(entry["peak_rss_mb"] + row["peak_rss_mb"], 1)
+        entry["processes"] += 1
+        entry["cpu_s"] += row["cpu_s"]
+        entry["busiest_cpu_s"] = max(entry["busiest_cpu_s"], row["cpu_s"])
+    for entry in roles.values():
+        entry["servers"] = len(entry["servers"])
+        entry["cpu_ms_per_call"] = round(1000 * entry["cpu_s"] / max(calls, 1), 2)
+        entry["busiest_cpu_ms_per_call"] = round(1000 * entry["busiest_cpu_s"] / max(calls, 1), 2)
+        entry["cpu_s"] = round(entry["cpu_s"], 2)
+    return roles
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -268,6 +309,7 @@ def plugin_yaml(
     default_limits: bool,
     server_workers: int = 1,
     retries: int = 1,
+    replicas: int = 1,
 ) -> Path:
     overrides: dict[str, Any] = json.loads(json.dumps(env.overrides))
     if server_workers > 1:
@@ -288,6 +330,7 @@ def plugin_yaml(
             "head_server": {"port": head_port},
             "log_dir": str(log_dir),
             "config_overrides": overrides,
+            **({"replicas": {env.agent: replicas}} if replicas > 1 else {}),
         },
         # The manager's default health-check interval (10 s): at 2 s, three /health probes that a policy server busy
         # with 512 episodes on a loaded 2-core machine answered late (10 s each) aborted the batch (CI, on 2 cores
@@ -347,6 +390,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "env": args.env,
         "policy": args.policy if args.policy_address is None else args.policy_address,
         "server_workers": args.server_workers,
+        "replicas": args.replicas,
+        "cpus": len(os.sched_getaffinity(0)),
         "direct_to_agent": args.direct_to_agent,
         "episodes": args.episodes,
     }
@@ -382,6 +427,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         default_limits=args.nemo_gym_default_limits,
         server_workers=args.server_workers,
         retries=args.retries,
+        replicas=args.replicas,
     )
     overrides = harness.cpu_trainer_overrides(
         model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
@@ -446,7 +492,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for r in results
                 if not isinstance(r, EpisodeFailure)
             )
-            orchestration_cpu_s = sum(row["cpu_s"] for row in sampler.report() if row["name"] != POLICY_SERVER)
+            processes = sampler.report()
+            orchestration_cpu_s = sum(row["cpu_s"] for row in processes if row["name"] != POLICY_SERVER)
+            kinds = {s.name: s.server_type for s in runtime.servers}
             expected = [expected_reward(args.env, row) for row in rows[: args.episodes]]
             connector = runtime.connection._session.connector  # noqa: SLF001 - the client the rows were posted on
             report.update(
@@ -466,7 +514,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "reward_sum": sum(rewards),
                     "fd_samples": sampler.samples,
                     "fd_peak_total": sampler.peak_total,
-                    "processes": sampler.report(),
+                    "processes": processes,
+                    "roles": cpu_by_role(processes, kinds, calls),
+                    "routed": dict(runtime.connection.router.routed),
                     "server_connector_limits": server_connector_limits(server_pids),
                     "manager_connector": {"limit": connector.limit, "limit_per_host": connector.limit_per_host},
                 }
@@ -475,6 +525,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if manager is not None:
                 manager.shutdown()
             report["emfile_lines"] = emfile_lines([*sorted((tmp / "logs").glob("*.log")), *logs])
+            shutil.rmtree(tmp, ignore_errors=True)  # rows, plugin YAML and Gym's logs, read above
     return report
 
 
@@ -493,6 +544,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--server-workers", type=int, default=1, help="Gym 0.7: run the model server and the relay as N processes"
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="run the environment's agent as K copies (nemo_gym.replicas)"
     )
     parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
@@ -533,6 +587,13 @@ def main() -> None:
             f"{args.transient_failure_pct}% ({pair['retried']:.0f} retried, {pair['recovered']:.0f} recovered, "
             f"{pair['failed']:.0f} failed)"
         )
+    for role, entry in report["roles"].items():
+        print(
+            f"  {role:<18} {entry['servers']} server(s): "
+            f"{entry['cpu_ms_per_call']:.2f} CPU-ms per call (busiest process {entry['busiest_cpu_ms_per_call']:.2f}), "
+            f"peak RSS {entry['peak_rss_mb']:.0f} MB"
+        )
+    print(f"episodes per agent copy: {report['routed']}")
     for row in report["processes"]:
         print(
             f"  {row['name']:<30} pid {row['pid']:<8} peak {row['peak_fds']:>6} fds (soft limit {row['soft_nofile']}), "

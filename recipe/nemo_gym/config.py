@@ -71,6 +71,8 @@ class Attach(_Strict):
     """The relay's port; 0 picks a free one."""
 
 
+MAX_REPLICAS = 64
+
 # Settings of the NeMo Gym the plugin starts; an attached Gym runs its own configuration.
 START_ONLY_KEYS = (
     "environment",
@@ -82,6 +84,7 @@ START_ONLY_KEYS = (
     "uses_reasoning_parser",
     "venv_dir",
     "log_dir",
+    "replicas",
 )
 
 
@@ -125,6 +128,18 @@ class NeMoGymSection(_Strict):
     `nemo_gym_venvs` under the plugin's cache folder (`$NEMO_GYM_VERL_CACHE`, else `~/.cache/verl-nemo-gym`). A folder
     given here serves one Gym environment: two stacks with different ones need two."""
     log_dir: Path | None = None
+    replicas: dict[str, int] = Field(default_factory=dict)
+    """Agents to run as several copies, `{<agent>: K}`: K copies of the agent, each with its own copy of its
+    resources server (and of an environment server in front of it), and rows naming the agent spread over them,
+    fewest episodes in flight first (`gym/replicas.py`). Rows, data files and metrics still name the agent."""
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_counts(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = [f"{agent}: {count}" for agent, count in value.items() if not 1 <= count <= MAX_REPLICAS]
+        if bad:
+            raise ValueError(f"each agent runs 1 to {MAX_REPLICAS} copies; got {', '.join(bad)}")
+        return value
 
     @field_validator("config_overrides")
     @classmethod

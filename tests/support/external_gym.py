@@ -47,6 +47,7 @@ def attach_command(
         "+policy_api_key=EMPTY",
         f"++{server}.endpoint_file={endpoint_file}",
         f"++{server}.uses_reasoning_parser=false",
+        f"++{server}.forward_session_id_as_conversation_id=true",
         "+model_endpoint_readiness_timeout_seconds=0",
         "+use_absolute_ip=true",
         "+head_server.host=0.0.0.0",

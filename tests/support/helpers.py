@@ -83,7 +83,11 @@ class PortForward:
                 client, _ = self._listener.accept()
             except OSError:  # closed by __exit__
                 return
-            upstream = socket.create_connection(self._target, timeout=30)
+            try:
+                upstream = socket.create_connection(self._target, timeout=30)
+            except OSError:  # the server is gone: the caller sees a closed connection, as it would from the server
+                client.close()
+                continue
             upstream.settimeout(None)
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()

@@ -57,6 +57,7 @@ MODEL_SERVER_TYPE = "responses_api_models"
 _POLL_S = 2.0
 # Gym 0.7's `vllm_model` default for how long it trusts its last look at the endpoint file.
 _DEFAULT_ENDPOINT_CHECK_INTERVAL_S = 10.0
+SESSION_ID_SETTING = "forward_session_id_as_conversation_id"  # vllm_model's: each call names its episode
 
 
 # ------------------------------------------------------------------------------------------- pure parts
@@ -69,6 +70,9 @@ class PolicyHandover:
     server: str
     endpoint_file: Path
     check_interval_s: float
+    session_affinity_setting: str | None = None
+    """Unset when Gym sends each call's episode (its session) as a conversation id, which the relay keeps on one
+    server; else the Gym setting that turns it on (`forward_session_id_as_conversation_id`, Gym 0.7.0)."""
 
 
 def _resolved(value: Any, config: Mapping[str, Any]) -> Any:
@@ -130,7 +134,8 @@ def policy_handover(
         raise GymConfigError(f"the attached NeMo Gym cannot be handed verl's policy: {'; '.join(problems)}")
     assert endpoint_file is not None
     interval = settings.get("endpoint_check_interval_s", _DEFAULT_ENDPOINT_CHECK_INTERVAL_S)
-    return PolicyHandover(server, endpoint_file, float(interval))
+    affinity = None if settings.get(SESSION_ID_SETTING) else f"++{key}.{SESSION_ID_SETTING}=true"
+    return PolicyHandover(server, endpoint_file, float(interval), affinity)
 
 
 def publish_endpoint(path: Path, url: str) -> None:
@@ -221,6 +226,13 @@ class AttachedGym:
         urls = self.policy.base_urls
         url = urls[0]
         if len(urls) > 1:
+            if self.handover.session_affinity_setting:
+                logger.warning(
+                    "The attached NeMo Gym does not say which episode each model call belongs to, so the relay in "
+                    "front of verl's %d servers cannot keep an episode's calls on one server (its prefix cache): "
+                    "start Gym with %s",
+                    len(urls), self.handover.session_affinity_setting,
+                )  # fmt: skip
             self.relay = PolicyRelay(urls)
             bound = self.loop.run(self.relay.start(self.relay_host, settings.relay_port), timeout=30.0, what="relay")
             url = f"http://{self.relay_host}:{bound}/v1"

@@ -9,45 +9,73 @@ Contract:
   server, and its answer comes back whole (status, body, `Content-Type`): token IDs, log-probs and error bodies
   are not touched. A server that cannot be reached or drops the connection is answered with HTTP 502 naming it
   (Gym retries or fails the episode; the batch's policy health checks name a server that stays down).
-- The server is the one with the fewest requests in flight; ties go round-robin (`pick_server`, pure). There is no
-  affinity: each turn of a multi-turn episode carries its own history (the token splice keeps no state in the
-  server), so any server answers any turn; what spreading costs is prefix-cache reuse between turns.
+- Session affinity: every call of one episode goes to the server its first call went to, so the later calls find
+  the episode's history in that server's prefix cache. An episode is known by the conversation id Gym 0.7's
+  `vllm_model` adds to each call when its `forward_session_id_as_conversation_id` is on (one per Gym session, i.e.
+  per episode; `conversation_key`, pure); vLLM ignores the field. A call without one, and an episode's first call,
+  goes to the server with the fewest requests in flight, ties round-robin (`replicas.pick_server`). Affinity is
+  for speed only: each call carries its whole history (the token splice keeps no state in the server), so any server
+  answers any turn exactly. `affinity=False` spreads every call (a benchmark's comparison).
 - `start(host, port)` binds (port 0: a free one) on the event loop it is awaited on; `close()` stops it there.
 """
 
 from __future__ import annotations
 
+import re
 import socket
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from recipe.nemo_gym.gym.over_http.client import server_root
+from recipe.nemo_gym.gym.replicas import pick_server
 
 # Request headers passed on; the rest (Host, Content-Length, hop-by-hop) belong to each connection.
 _FORWARDED_HEADERS = ("Content-Type", "Authorization", "Accept")
+# `"conversation_params": {"conversation_id": "<id>"}`, the key Gym 0.7.0's vllm_model adds to a chat request body
+# (`forward_session_id_as_conversation_id`). Searched in the bytes, not parsed: a request holds the episode's whole
+# history. Text inside a JSON string cannot match: its quotes are escaped (`\"`).
+_CONVERSATION_ID = re.compile(rb'"conversation_params"\s*:\s*\{\s*"conversation_id"\s*:\s*"((?:[^"\\]|\\.)*)"')
+SESSIONS_KEPT = 1 << 16  # episodes remembered for affinity, least recently used forgotten first
 
 
-def pick_server(in_flight: Sequence[int], start: int) -> int:
-    """The index of the server with the fewest requests in flight, scanning from `start` (so ties rotate)."""
-    n = len(in_flight)
-    best = start % n
-    for step in range(1, n):
-        i = (start + step) % n
-        if in_flight[i] < in_flight[best]:
-            best = i
-    return best
+def conversation_key(body: bytes) -> bytes | None:
+    """The conversation id of a chat request body, or None when it has none."""
+    match = _CONVERSATION_ID.search(body)
+    return match.group(1) if match else None
+
+
+class Affinity:
+    """Which server each conversation was sent to, for its next calls; at most `capacity` remembered."""
+
+    def __init__(self, capacity: int = SESSIONS_KEPT):
+        self.capacity = capacity
+        self.servers: OrderedDict[bytes, int] = OrderedDict()
+
+    def server_for(self, key: bytes, in_flight: Sequence[int], start: int) -> tuple[int, bool]:
+        """`(server index, whether the conversation had been seen)`: its server, else the least busy one."""
+        known = self.servers.get(key)
+        if known is not None:
+            self.servers.move_to_end(key)
+            return known, True
+        chosen = pick_server(in_flight, start)
+        self.servers[key] = chosen
+        if len(self.servers) > self.capacity:
+            self.servers.popitem(last=False)
+        return chosen, False
 
 
 class PolicyRelay:
     """Spreads HTTP requests over verl's policy servers (see the module docstring)."""
 
-    def __init__(self, base_urls: Sequence[str]):
+    def __init__(self, base_urls: Sequence[str], *, affinity: bool = True):
         if not base_urls:
             raise ValueError("PolicyRelay needs at least one policy server")
         self.roots = tuple(server_root(u) for u in base_urls)
         self.in_flight = [0] * len(self.roots)
         self.served = [0] * len(self.roots)
+        self.affinity = Affinity() if affinity else None
+        self.pinned = 0  # calls sent to their conversation's server (affinity's later calls)
         self.paths: Counter[str] = Counter()  # requests by path, for diagnostics
         self.port: int | None = None
         self._next = 0
@@ -78,7 +106,13 @@ class PolicyRelay:
         import aiohttp
         from aiohttp import web
 
-        i = pick_server(self.in_flight, self._next)
+        body = await request.read()
+        key = conversation_key(body) if self.affinity is not None else None
+        if key is not None:
+            i, seen = self.affinity.server_for(key, self.in_flight, self._next)
+            self.pinned += seen
+        else:
+            i = pick_server(self.in_flight, self._next)
         self._next = (i + 1) % len(self.roots)
         self.in_flight[i] += 1
         self.served[i] += 1
@@ -86,7 +120,6 @@ class PolicyRelay:
         url = self.roots[i] + str(request.rel_url)
         headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
         try:
-            body = await request.read()
             async with self._session.request(request.method, url, data=body, headers=headers) as response:
                 payload = await response.read()
                 content_type = response.headers.get("Content-Type")

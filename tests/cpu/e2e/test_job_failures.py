@@ -147,6 +147,19 @@ def _job_temp_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("ngjob-*")}
 
 
+def _left_job_temp_folders(before: set[str]) -> list[str]:
+    """The `ngjob-*` folders made since `before` that no live process has as its TMPDIR: what a finished job left.
+    A job the other worker runs meanwhile (a `--shuffle` order can put one beside this test) holds its own."""
+    new = sorted(p for p in Path(tempfile.gettempdir()).glob("ngjob-*") if p.name not in before)
+    return [p.name for p in new if not processes_with_env("TMPDIR", str(p))]
+
+
+def _trainer_temp(job: RunningJob) -> Path:
+    """The stand-in trainer's TMPDIR, as it printed it into the job's log."""
+    (folder,) = re.findall(r"stand-in trainer: TMPDIR (\S+)$", job.spec.log_file.read_text(), re.M)
+    return Path(folder)
+
+
 def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
     rows = [json.dumps(row) for row in _rows(32)]  # every row of uppercase_share's training file
     rows[6] = rows[6][:-5]  # line 7: cut short
@@ -171,7 +184,7 @@ def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_a
     log = job.spec.log_file.read_text(errors="replace")
     assert "TaskRunner" in log and "WorkerDict" not in log and "vLLMHttpServer" not in log, log[-3000:]
     assert job.left_behind() == []
-    assert _job_temp_folders() <= before
+    assert _left_job_temp_folders(before) == []
 
 
 STAND_IN = "tests.support.stand_in_trainer"
@@ -186,7 +199,6 @@ def _stand_in_spec(tmp_path: Path, plugin_yaml: Path) -> JobSpec:
 
 
 def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
-    before = _job_temp_folders()
     job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "ctrl-c")
     job.wait_for_log(READY)
     os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the console's process group
@@ -198,11 +210,10 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
     assert job.lines[-2] == "launch: the job was stopped by SIGINT (exit status 130)"
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []
-    assert _job_temp_folders() <= before
+    assert not _trainer_temp(job).exists()  # the run's temporary folder is removed
 
 
 def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugin_yaml):
-    before = _job_temp_folders()
     job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "sigkill")
     job.wait_for_log(READY)
     assert kill_processes_with_env(MARKER, job.marker, STAND_IN), "no trainer process found"
@@ -210,7 +221,7 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     assert job.lines[-2] == "launch: the trainer was killed by SIGKILL (exit status 137)", job.console()
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []  # the killed trainer's child too: the launcher stops the whole group
-    assert _job_temp_folders() <= before
+    assert not _trainer_temp(job).exists()  # the run's temporary folder is removed
 
 
 def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_under_tmp(tmp_path, plugin_yaml):
@@ -225,9 +236,9 @@ def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_unde
         f"launch: TMPDIR {long_temp} is too long for the Unix socket paths of Ray under it: the job's temporary folder "
         "goes under /tmp"
     ) in job.lines, job.console()
-    (trainer_temp,) = re.findall(r"stand-in trainer: TMPDIR (\S+)$", job.spec.log_file.read_text(), re.M)
-    assert Path(trainer_temp).parent == Path("/tmp") and Path(trainer_temp).name.startswith("ngjob-")
-    assert not Path(trainer_temp).exists() and list(long_temp.iterdir()) == []
+    trainer_temp = _trainer_temp(job)
+    assert trainer_temp.parent == Path("/tmp") and trainer_temp.name.startswith("ngjob-")
+    assert not trainer_temp.exists() and list(long_temp.iterdir()) == []
     assert job.left_behind() == []
 
 

@@ -14,6 +14,7 @@ checkpoint folder, or the advantages verl's `compute_advantage` returned (the pl
 - the update is real (non-zero gradient; with lr 1e-2 Adam moves every weight by ~1e-2 in one step, so a rollout
   server left on stale weights would be off by far more than the tolerance);
 - workplace episodes really call tools (environment tokens are masked in the batch), and no episode failed;
+- uppercase_share's agent runs as two copies (`nemo_gym.replicas`), and its rows are spread over both;
 - the checkpoint is written and a resumed run trains one more step; nothing is left running afterwards, and no
   shared-memory segment or socket of the runs is left in /dev/shm or /tmp;
 - a failed episode changes no statistic. Step 3's batch holds two rows of `fail_on_request` (tests/cpu/gym_envs/,
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -104,12 +106,14 @@ def ordered_rows() -> list[dict]:
 
 
 def blend_with_flaky_server(path: Path) -> Path:
-    """The shipped blend plus `fail_on_request`; failures retried once, 0.5 s apart. A group that keeps one valid
+    """The shipped blend plus `fail_on_request`, uppercase_share's agent run as two copies (`nemo_gym.replicas`);
+    failures retried once, 0.5 s apart. A group that keeps one valid
     episode still trains (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it
     alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 8."""
     config = yaml.safe_load(BLEND.read_text())
     config["nemo_gym"]["config_paths"].append(str(FLAKY_CONFIG))
     config["failures"].update(retries=1, retry_delay_s=0.5, min_valid_per_group=1)
+    config["nemo_gym"]["replicas"] = {UPPERCASE: 2}
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -197,6 +201,19 @@ def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_
     assert set(environments(step_3)) == {WORKPLACE, UPPERCASE, FLAKY}
     rewards = [d[f"timing_s/nemo_gym/{WORKPLACE}/reward/max"] for d in _training_steps(first)]
     assert rewards[0] == 1.0  # the scripted reply to Carlos is what the environment's ground truth expects
+
+
+def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
+    """uppercase_share's agent runs as two copies, each with its own resources and environment server: the rows that
+    name it were spread over both at every step (the batch's last progress line says how), and its metrics keep the
+    agent's name (the checks above read them)."""
+    spec, first, second, _, _ = runs
+    spread = re.findall(rf"{UPPERCASE} on 2 copies: (\d+), (\d+) runs", spec.log_file.read_text(errors="replace"))
+    runs_per_copy = [(int(a), int(b)) for a, b in spread]
+    assert runs_per_copy.count((2, 2)) >= 2, runs_per_copy  # steps 1 and 2: 2 rows x 2 samples each
+    assert all(abs(a - b) <= 1 for a, b in runs_per_copy), runs_per_copy
+    for data in _training_steps(first) + _training_steps(second):
+        assert data[f"timing_s/nemo_gym/{UPPERCASE}/episodes"] > 0
 
 
 def test_a_failed_episode_changes_no_statistic_of_its_step(runs):

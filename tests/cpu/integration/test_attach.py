@@ -113,17 +113,19 @@ def test_attached_gym_gets_the_policy_address_runs_the_batch_and_is_left_running
     assert gym.endpoint_file.read_text().strip() == ""
 
 
-def test_several_policy_servers_are_published_as_one_relay_that_spreads_the_calls(setup):
+def test_several_policy_servers_are_published_as_one_relay_that_spreads_episodes_and_keeps_each_on_one(setup):
     addresses = setup["addresses"]
     output, results, attached, published = run_batch(setup, addresses)
     check_weather_episodes(output, results)
     relay = attached.relay
     assert published == f"http://{attached.relay_host}:{relay.port}/v1"
-    # 4 episodes x 2 model calls, all through the relay, on both servers.
-    print(f"\nrelay: {dict(relay.paths)}, per server {relay.served}")
+    # 4 episodes x 2 model calls, all through the relay, on both servers; Gym names each call's episode
+    # (`forward_session_id_as_conversation_id`), so each episode's second call went where its first did.
+    print(f"\nrelay: {dict(relay.paths)}, per server {relay.served}, {relay.pinned} calls kept on their episode's")
     assert relay.paths["/v1/chat/completions"] == 8
     assert sum(relay.served) == sum(relay.paths.values())
     assert min(relay.served) > 0, relay.served
+    assert relay.pinned == 4 and len(relay.affinity.servers) == 4
 
 
 CHILD = r"""

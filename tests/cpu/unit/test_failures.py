@@ -155,6 +155,7 @@ def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure():
     from aiohttp import web
 
     from recipe.nemo_gym.gym.over_http.client import RunTarget, make_post_run
+    from recipe.nemo_gym.gym.replicas import LeastBusy
     from tests.support.helpers import free_port
 
     answers = iter(
@@ -177,7 +178,8 @@ def test_the_manager_reads_a_run_without_a_math_verdict_as_a_failure():
         try:
             async with aiohttp.ClientSession() as session:
                 agent = "math_with_judge_simple_agent"
-                post_run = make_post_run(session, {agent: RunTarget(agent, f"http://127.0.0.1:{port}")})
+                router = LeastBusy({agent: (RunTarget(agent, f"http://127.0.0.1:{port}"),)})
+                post_run = make_post_run(session, router)
                 row = {"agent_ref": {"name": agent}, "responses_create_params": {"input": []}}
                 return await post_run(7, row), await post_run(8, row)
         finally:

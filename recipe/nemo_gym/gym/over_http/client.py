@@ -38,6 +38,7 @@ from recipe.nemo_gym.gym.over_http.outcomes import (
     reported_failure,
     server_error_failure,
 )
+from recipe.nemo_gym.gym.replicas import LeastBusy
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 ENVIRONMENT_SERVER_TYPE = "environment_servers"
@@ -223,42 +224,50 @@ class HeadClient:
 # ----------------------------------------------------------------------------------------- rows
 
 
-def make_post_run(session: Any, targets: Mapping[str, RunTarget]) -> Callable[[int, Mapping[str, Any]], Any]:
-    """`post_run(index, row)` for `collect.run_examples_in_order`, on `session` (an `aiohttp.ClientSession`)."""
-    import aiohttp
+def make_post_run(session: Any, router: LeastBusy[RunTarget]) -> Callable[[int, Mapping[str, Any]], Any]:
+    """`post_run(index, row)` for `collect.run_examples_in_order`, on `session` (an `aiohttp.ClientSession`): each
+    row goes to the copy of its agent `router` picks (`replicas.py`; an agent without copies is its one target)."""
 
     async def post_run(index: int, row: Mapping[str, Any]) -> dict[str, Any] | EpisodeFailure:
-        agent = row["agent_ref"]["name"]
-        target = targets[agent]
-        body = {TASK_INDEX_KEY: index, ROLLOUT_INDEX_KEY: 0, **row}
-        for attempt in range(CONNECT_RETRIES + 1):
-            try:
-                async with session.post(f"{target.url}/run", json=body) as response:
-                    status = response.status
-                    body = await response.read()
-                break
-            except aiohttp.ClientConnectorError as e:  # nothing was sent: safe to try again
-                if attempt == CONNECT_RETRIES:
-                    return server_error_failure(index, agent, None, repr(e), via=target.via)
-                await asyncio.sleep(CONNECT_RETRY_DELAY_S)
-            except aiohttp.ClientError as e:
-                return server_error_failure(index, agent, None, repr(e), via=target.via)
-        if status >= 400:
-            return server_error_failure(index, agent, status, body, via=target.via)
-        try:
-            result = json.loads(body)
-        except ValueError:
-            result = None
-        if not isinstance(result, dict):
-            return server_error_failure(
-                index, agent, status, f"result is not a JSON object: {body[:300]!r}", via=target.via
-            )
-        server = target.via or agent
-        return (
-            reported_failure(index, server, result)
-            or context_overflow_failure(index, result)
-            or missing_verdict_failure(index, server, result)
-            or result
-        )
+        with router.route(row["agent_ref"]["name"]) as target:
+            return await _post_row(session, target, index, row)
 
     return post_run
+
+
+async def _post_row(
+    session: Any, target: RunTarget, index: int, row: Mapping[str, Any]
+) -> dict[str, Any] | EpisodeFailure:
+    import aiohttp
+
+    agent = row["agent_ref"]["name"]
+    # Failures name the agent the row names, and the server that answered: its environment server, or its copy.
+    via = target.via or (target.agent if target.agent != agent else None)
+    body = {TASK_INDEX_KEY: index, ROLLOUT_INDEX_KEY: 0, **row}
+    for attempt in range(CONNECT_RETRIES + 1):
+        try:
+            async with session.post(f"{target.url}/run", json=body) as response:
+                status = response.status
+                body = await response.read()
+            break
+        except aiohttp.ClientConnectorError as e:  # nothing was sent: safe to try again
+            if attempt == CONNECT_RETRIES:
+                return server_error_failure(index, agent, None, repr(e), via=via)
+            await asyncio.sleep(CONNECT_RETRY_DELAY_S)
+        except aiohttp.ClientError as e:
+            return server_error_failure(index, agent, None, repr(e), via=via)
+    if status >= 400:
+        return server_error_failure(index, agent, status, body, via=via)
+    try:
+        result = json.loads(body)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        return server_error_failure(index, agent, status, f"result is not a JSON object: {body[:300]!r}", via=via)
+    server = via or agent
+    return (
+        reported_failure(index, server, result)
+        or context_overflow_failure(index, result)
+        or missing_verdict_failure(index, server, result)
+        or result
+    )

@@ -184,8 +184,9 @@ class ProgressLine:
     At most one line every `interval_s`, plus the line for the last episode, so a long batch shows it is moving
     without flooding the console. While a health check is failing (`waiting_on` returns what it waits for, e.g.
     a policy server that stopped answering), the line says so instead of only counting: "0 failed" would hide a
-    batch about to be aborted. Logged at WARNING level: verl 0.9.1 sets the root logger to WARNING in every
-    process, and this line is meant to be seen.
+    batch about to be aborted. The last line adds `finished()` when it says something (how the episodes of agents
+    with copies were spread over them). Logged at WARNING level: verl 0.9.1 sets the root logger to WARNING in
+    every process, and this line is meant to be seen.
     """
 
     def __init__(
@@ -193,10 +194,12 @@ class ProgressLine:
         interval_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
         waiting_on: Callable[[], str | None] = lambda: None,
+        finished: Callable[[], str | None] = lambda: None,
     ):
         self.interval_s = interval_s
         self.clock = clock
         self.waiting_on = waiting_on
+        self.finished = finished
         self.started = clock()
         self.last_logged = self.started
 
@@ -205,14 +208,14 @@ class ProgressLine:
         if done < total and now - self.last_logged < self.interval_s:
             return
         self.last_logged = now
-        waiting = self.waiting_on() if done < total else None
+        if done < total:
+            waiting = self.waiting_on()
+            tail = f"; waiting: {waiting}" if waiting else ""
+        else:
+            finished = self.finished()
+            tail = f"; {finished}" if finished else ""
         logger.warning(
-            "NeMo Gym rollout: %d/%d episodes done (%d failed), %.0f s%s",
-            done,
-            total,
-            failed,
-            now - self.started,
-            f"; waiting: {waiting}" if waiting else "",
+            "NeMo Gym rollout: %d/%d episodes done (%d failed), %.0f s%s", done, total, failed, now - self.started, tail
         )
 
 

@@ -7,10 +7,10 @@ Contract:
   `GymConnection`, built by `GymConnection.adopt` from the head server's configuration and server list: it refuses
   a configuration whose rows could not be run or scored (`GymConfigError`: several environment servers in front
   of one agent, an agent its resources server does not accept) and maps each agent to its `/run` target
-  (`client.run_targets`). What differs between the two is handed in, not overridden: `check_gym`, the health check
-  of Gym's servers made while a batch waits (by process for an owned Gym, by HTTP for an attached one), and
-  `not_before`, the earliest time a row may be posted (an attached Gym's model server must first have read the
-  policy address).
+  (`client.run_targets`); the rows of an agent with copies are spread over them (`replicas.py`). What differs
+  between the two is handed in, not overridden: `check_gym`, the health check of Gym's servers made while a batch
+  waits (by process for an owned Gym, by HTTP for an attached one), and `not_before`, the earliest time a row may
+  be posted (an attached Gym's model server must first have read the policy address).
 - `loop` is the caller's `BackgroundLoop`, borrowed: the aiohttp session rows are posted on is made on it at the
   first `collect`, every `collect` must be awaited on it (anything else raises `RuntimeError` before a request
   goes out), and `close()` closes the session there (skipped once the loop is closed). Once `closed` is set (by
@@ -42,6 +42,7 @@ from recipe.nemo_gym.gym.over_http.client import (
 )
 from recipe.nemo_gym.gym.over_http.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.over_http.health import PolicyWatch
+from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_of
 from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 
 
@@ -88,6 +89,7 @@ class GymConnection:
         self._connector_limits = dict(connector_limits)
         self.not_before = not_before  # monotonic time; rows wait for it (see the module docstring)
         self._session: Any = None
+        self.router: LeastBusy[RunTarget] | None = None  # the last batch's: how many rows went to each agent copy
         self.closed = False
 
     @classmethod
@@ -117,8 +119,10 @@ class GymConnection:
 
     @property
     def agent_names(self) -> frozenset[str]:
-        """The agent servers rows can name in `agent_ref.name`."""
-        return frozenset(s.name for s in self.servers if s.server_type == AGENT_SERVER_TYPE)
+        """The agent servers rows can name in `agent_ref.name`: every agent but the copies of another
+        (`replicas.py`)."""
+        names = {s.name for s in self.servers if s.server_type == AGENT_SERVER_TYPE}
+        return frozenset(name for name in names if replica_of(name) not in names)
 
     async def collect(
         self,
@@ -156,13 +160,14 @@ class GymConnection:
             # Gym's model server retries a policy server that does not answer forever: watch those too.
             await watch.check()
 
+        self.router = LeastBusy(replica_groups(self.targets))
         return await run_examples_in_order(
             examples,
-            post_run=make_post_run(self._session, self.targets),
+            post_run=make_post_run(self._session, self.router),
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
-            progress=ProgressLine(waiting_on=watch.waiting_on),
+            progress=ProgressLine(waiting_on=watch.waiting_on, finished=self.router.spread),
             retries=retries,
             retry_delay_s=retry_delay_s,
             attempts=attempts,

@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the plugin hands the NeMo Gym it starts, read from the validated plugin YAML: no description of its own.
 
-Contract (pure, but for `cache_root`, which reads the environment):
+Contract (pure, but for `cache_root`, which reads the environment, and `replica_keys`, which reads the config files):
 - `gym_overrides(section, limits)` is the part of Gym's global config that comes from the plugin YAML:
   `uses_reasoning_parser` applied to the `policy_model` server when it is NeMo Gym's `vllm_model`, the user's
   `nemo_gym.config_overrides` merged over it the way Gym merges its configs (OmegaConf), and the HTTP connection
   limits (`limits.ConnectionLimits`) under both. The config model refuses overrides of the keys
   `global_config` sets (`config.PLUGIN_SET_GYM_KEYS`).
+- `replica_keys(replicas, files, overrides)` declares the copies of `nemo_gym.replicas` (`replicas.py`), from the
+  config files Gym is started with and the overrides above, merged as Gym merges them; an agent they do not declare
+  is a `GymConfigError` naming the key.
 - `global_config(section, policy, overrides, venv_dir, uv_cache_dir, log_dir)` is the file Gym reads last, so its
   keys win over the environments' configs: the overrides, then what only the plugin knows (verl's policy servers,
   the head server, the venv layout, the log folder).
@@ -15,12 +18,14 @@ Contract (pure, but for `cache_root`, which reads the environment):
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from recipe.nemo_gym.config import NeMoGymSection
+from recipe.nemo_gym.gym.errors import GymConfigError
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.replicas import replica_overrides
 from recipe.nemo_gym.limits import ConnectionLimits
 
 VLLM_MODEL_CONFIG_DIR = "responses_api_models/vllm_model/"
@@ -43,6 +48,19 @@ def gym_overrides(section: NeMoGymSection, limits: ConnectionLimits | None = Non
     merged = OmegaConf.merge(OmegaConf.create(overrides), OmegaConf.create(dict(section.config_overrides)))
     from_yaml = OmegaConf.to_container(merged, resolve=False)
     return limits.merged_under(from_yaml) if limits is not None else from_yaml
+
+
+def replica_keys(replicas: Mapping[str, int], files: Sequence[Path], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Gym global-config keys declaring the agent copies of `replicas` (see the module docstring)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    declared = [yaml.safe_load(path.read_text()) or {} for path in files]
+    merged = OmegaConf.merge(*(OmegaConf.create(d) for d in declared), OmegaConf.create(dict(overrides)))
+    try:
+        return replica_overrides(replicas, OmegaConf.to_container(merged, resolve=False))
+    except ValueError as e:
+        raise GymConfigError(f"{e} (config files: {', '.join(map(str, files))})") from None
 
 
 def global_config(

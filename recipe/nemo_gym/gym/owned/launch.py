@@ -62,7 +62,7 @@ from recipe.nemo_gym.gym.owned.environment import (
     launcher_argv,
     locate_environment,
 )
-from recipe.nemo_gym.gym.owned.job_config import cache_root, global_config, gym_overrides
+from recipe.nemo_gym.gym.owned.job_config import cache_root, global_config, gym_overrides, replica_keys
 from recipe.nemo_gym.gym.owned.liveness import (
     LAUNCHER,
     HealthReport,
@@ -190,7 +190,9 @@ class OwnedGym:
     ) -> OwnedGym:
         section = config.nemo_gym
         environment = inspect_environment(locate_environment(section.environment))
-        seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        files = seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        if section.replicas:
+            overrides = {**overrides, **replica_keys(section.replicas, files, overrides)}
         check_port_free(section.head_server.host, section.head_server.port)
         gym = cls(config, policy, loop, overrides)
         gym.environment = environment

@@ -34,7 +34,8 @@ from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTi
 from recipe.nemo_gym.gym.over_http.client import ServerInstance, server_root
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch
-from recipe.nemo_gym.gym.relay import PolicyRelay, pick_server
+from recipe.nemo_gym.gym.relay import Affinity, PolicyRelay, conversation_key
+from recipe.nemo_gym.gym.replicas import pick_server
 from tests.support.helpers import free_port
 
 MODEL = "/models/tiny"
@@ -95,7 +96,14 @@ def test_a_head_server_url_that_is_not_http_host_port_is_refused_naming_the_key(
 
 def test_policy_handover_reads_the_endpoint_file_and_its_check_interval():
     assert policy_handover(gym_config(), "policy_model", MODEL) == PolicyHandover(
-        "policy_model", Path("/shared/policy_endpoint"), 10.0
+        "policy_model",
+        Path("/shared/policy_endpoint"),
+        10.0,
+        "++policy_model.responses_api_models.vllm_model.forward_session_id_as_conversation_id=true",
+    )
+    # Gym names each call's episode: the relay can keep an episode on one server, and nothing is asked for.
+    assert policy_handover(gym_config(forward_session_id_as_conversation_id=True), "policy_model", MODEL) == (
+        PolicyHandover("policy_model", Path("/shared/policy_endpoint"), 10.0)
     )
     # The trainer's own path for the same file, where its nodes mount the file system elsewhere.
     ours = policy_handover(gym_config(endpoint_file="rel/path"), "policy_model", MODEL, Path("/mnt/shared/ep"))
@@ -291,6 +299,56 @@ def test_relay_sends_new_requests_past_a_busy_server(upstreams):
     relay, answers = asyncio.run(scenario())
     assert [json.loads(body)["server"] for _, body, _ in answers] == ["b", "b", "b"]
     assert relay.served == [1, 3]
+
+
+def test_the_conversation_id_is_read_from_the_key_gym_adds_and_never_from_text_in_a_message():
+    body = {"messages": [{"role": "user", "content": 'say "conversation_params": {"conversation_id": "fake"}'}]}
+    assert conversation_key(json.dumps(body).encode()) is None
+    body["conversation_params"] = {"conversation_id": "b3f1-7"}
+    assert conversation_key(json.dumps(body).encode()) == b"b3f1-7"
+    assert conversation_key(json.dumps(body, separators=(",", ":")).encode()) == b"b3f1-7"
+
+
+def test_affinity_keeps_a_conversation_on_its_first_server_and_forgets_the_least_recent():
+    affinity = Affinity(capacity=2)
+    assert affinity.server_for(b"e1", [0, 0], start=0) == (0, False)
+    assert affinity.server_for(b"e2", [1, 0], start=1) == (1, False)
+    assert affinity.server_for(b"e1", [5, 0], start=1) == (0, True)  # busy or not, its server
+    assert affinity.server_for(b"e3", [1, 1], start=0) == (0, False)  # a third: e2, least recent, is forgotten
+    assert list(affinity.servers) == [b"e1", b"e3"]
+
+
+def test_relay_keeps_every_call_of_an_episode_on_one_server_and_spreads_episodes(upstreams):
+    """Two episodes of three calls each, one after the other, as Gym 0.7's vllm_model sends them with
+    `forward_session_id_as_conversation_id`: each episode's calls all reach its first call's server, and the second
+    episode starts on the other. Without affinity (a benchmark's comparison) the same calls alternate."""
+    import aiohttp
+
+    def call(episode: str, turn: int) -> bytes:
+        return json.dumps(
+            {"messages": [{"content": f"turn {turn}"}], "conversation_params": {"conversation_id": episode}}
+        ).encode()
+
+    async def scenario(affinity: bool):
+        relay = PolicyRelay([u.url for u in upstreams], affinity=affinity)
+        port = await relay.start("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        try:
+            async with aiohttp.ClientSession() as session:
+                served = []
+                for episode in ("e1", "e2"):
+                    for turn in range(3):
+                        _, body, _ = await _post(session, url, call(episode, turn))
+                        served.append(json.loads(body)["server"])
+        finally:
+            await relay.close()
+        return relay, served
+
+    relay, served = asyncio.run(scenario(affinity=True))
+    assert served == ["a", "a", "a", "b", "b", "b"]
+    assert relay.pinned == 4  # every call after an episode's first
+    _, spread = asyncio.run(scenario(affinity=False))
+    assert spread == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_relay_answers_502_naming_a_policy_server_it_cannot_reach(upstreams):

@@ -35,6 +35,19 @@ def test_progress_line_logs_at_most_once_per_interval_and_always_the_last_episod
     ]
 
 
+def test_the_last_line_says_how_the_rows_were_spread_over_agent_copies(plugin_caplog):
+    clock = FakeClock()
+    line = ProgressLine(interval_s=10.0, clock=clock, finished=lambda: "a on 2 copies: 2, 1 runs")
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.gym.over_http.collect"):
+        clock.now = 111.0
+        line(1, 0, 3)  # not the last: no spread yet
+        line(3, 0, 3)
+    assert [r.getMessage() for r in plugin_caplog.records] == [
+        "NeMo Gym rollout: 1/3 episodes done (0 failed), 11 s",
+        "NeMo Gym rollout: 3/3 episodes done (0 failed), 11 s; a on 2 copies: 2, 1 runs",
+    ]
+
+
 def test_batch_reports_progress_with_failures_counted_until_every_episode_is_done():
     calls: list[tuple[int, int, int]] = []
 
