@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from recipe.nemo_gym.gym.attach import SESSION_ID_SETTING
 from recipe.nemo_gym.gym.over_http.client import HeadClient
 from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym.gym.owned import seams
@@ -47,7 +48,7 @@ def attach_command(
         "+policy_api_key=EMPTY",
         f"++{server}.endpoint_file={endpoint_file}",
         f"++{server}.uses_reasoning_parser=false",
-        f"++{server}.forward_session_id_as_conversation_id=true",
+        f"++{server}.{SESSION_ID_SETTING}=true",
         "+model_endpoint_readiness_timeout_seconds=0",
         "+use_absolute_ip=true",
         "+head_server.host=0.0.0.0",
