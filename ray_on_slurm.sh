@@ -46,6 +46,7 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exec "${LAUNCH[@]}" dry-run "$@"
 fi
 # The head is the allocation's first node; `ray-env` runs there and exports NG_HEAD_IP, the address others reach.
+NODES=()
 [[ -z "${SLURM_JOB_ID:-}" ]] || mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${NODES[0]:-localhost}
 settings=$(on_node -w "$HEAD" "${LAUNCH[@]}" ray-env "$@") || die "the job did not pass its checks (the error is above)"
@@ -55,6 +56,7 @@ read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
 RAY_ARGS+=(--disable-usage-stats --block)
 # A folder of the job's own on every node (Ray's session, vLLM's sockets, verl's locks), removed at the end: under
 # TMPDIR, or /tmp where Ray's socket paths would be too long. Exported before `ray start`: srun hands it to each node.
+JOB_START=$(date +%s)  # what vLLM and verl leave on a node after this is the job's (recipe/nemo_gym/leftovers.py)
 JOB_TMP=$(mktemp -d "$NG_JOB_TEMP_PARENT/ngjob-XXXXXXXX") || die "cannot create a folder in $NG_JOB_TEMP_PARENT"
 export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
 
@@ -78,12 +80,22 @@ teardown() {  # the launcher first (it stops the trainer, with its own grace), t
     done
     [[ ! -s "$NG_OUTCOME_FILE" ]] || outcome=$(<"$NG_OUTCOME_FILE")
     rm -rf "$JOB_TMP"
-    if [[ -n "${SLURM_JOB_ID:-}" && "$NG_NNODES" -gt 1 ]]; then
-        srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" --ntasks-per-node=1 rm -rf "$JOB_TMP" ||
-            log "could not remove $JOB_TMP on every node"
+    if [[ -n "${SLURM_JOB_ID:-}" && "$NG_NNODES" -gt 1 ]]; then  # the head's launcher cleaned the head only
+        # shellcheck disable=SC2016  # the inner shell expands its own arguments
+        srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" --ntasks-per-node=1 "${CONTAINER[@]}" \
+            /bin/sh -c '"$0" -m recipe.nemo_gym.leftovers "$1"; rm -rf "$2"' "$PYTHON" "$JOB_START" "$JOB_TMP" ||
+            log "could not clean $JOB_TMP and /dev/shm on every node"
     fi
     [[ -z "${outcome:-}" ]] || echo "$outcome" >&2  # how the job ended, last: the launcher's words
+    [[ -z "${DIED:-}" ]] || log "ERROR: the job failed because $DIED"
     exit "$rc"
+}
+# A Ray piece that ends while the trainer runs ends the job; after the launcher's last words, the job's last line
+# says which one (its node): whatever the trainer saw of it (an actor's death, a server's) came first.
+ray_died() {
+    DIED="$1 exited while the job ran"
+    log "ERROR: $DIED; stopping the job"
+    exit 1
 }
 trap teardown EXIT
 trap 'exit 143' TERM
@@ -106,11 +118,22 @@ until (: >"/dev/tcp/$NG_HEAD_IP/$NG_RAY_PORT") 2>/dev/null; do  # the head's por
     ((SECONDS < deadline)) || die "the Ray head did not answer on $RAY_ADDRESS within $NG_RAY_JOIN_TIMEOUT_S s"
     sleep 1
 done
-if ((NG_NNODES > 1)); then
-    srun --overlap --export=ALL --nodes=$((NG_NNODES - 1)) --ntasks=$((NG_NNODES - 1)) --ntasks-per-node=1 \
-        --exclude="$HEAD" "${CONTAINER[@]}" ray start --address="$RAY_ADDRESS" "${RAY_ARGS[@]}" &
-    track $! "the Ray workers (srun on the $((NG_NNODES - 1)) other node(s))"
+if ((NG_NNODES > 1)); then  # the others join once the head node is in: a worker's `ray start` waits only ~40 s for it
+    on_node -w "$HEAD" "$PYTHON" -m recipe.nemo_gym.launch.cluster "$RAY_ADDRESS" 1 "$NG_RAY_JOIN_TIMEOUT_S" 2 &
+    waiter=$!
+    while kill -0 "$waiter" 2>/dev/null; do
+        kill -0 "${PIDS[0]}" 2>/dev/null || { kill "$waiter"; die "${NAMES[0]} exited before its node joined"; }
+        sleep 1
+    done
+    wait "$waiter" || die "the Ray head on $HEAD did not join its own cluster (above)"
 fi
+for node in "${NODES[@]:1}"; do  # one step per node, so that a Ray that dies is named by its node
+    # The job's folder was made on the head; each node's TMPDIR is its own (node-local /tmp), so it makes its own.
+    # shellcheck disable=SC2016  # the node's shell expands its own TMPDIR
+    on_node -w "$node" /bin/sh -c 'mkdir -p "$TMPDIR" && exec "$@"' ray-worker \
+        ray start --address="$RAY_ADDRESS" "${RAY_ARGS[@]}" &
+    track $! "the Ray worker on $node"
+done
 
 # The launcher waits until every node has joined, then runs the trainer. Whichever ends first ends the job: the
 # launcher with its status, a Ray piece as a failure (the EXIT trap then stops the rest).
@@ -123,7 +146,7 @@ while true; do
         exit "$rc"
     fi
     for ((i = 0; i < ${#PIDS[@]} - 1; i++)); do
-        kill -0 "${PIDS[i]}" 2>/dev/null || die "${NAMES[i]} exited while the job ran; stopping the job"
+        kill -0 "${PIDS[i]}" 2>/dev/null || ray_died "${NAMES[i]}"
     done
     sleep 5 &  # `wait -n` wakes when any child ends: this one bounds the wait
     TICK=$!

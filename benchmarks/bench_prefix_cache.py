@@ -151,17 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SESSION_IDS = {"forward_session_id_as_conversation_id": True}  # Gym 0.7's vllm_model: each call names its episode
-
-
 def with_session_ids(plugin_yaml: Path, path: Path) -> Path:
     """`plugin_yaml` with Gym's model server sending each call's episode as a conversation id."""
     import yaml
 
+    from recipe.nemo_gym.gym.attach import SESSION_ID_SETTING
+
     config = yaml.safe_load(plugin_yaml.read_text())
     overrides = config["nemo_gym"].setdefault("config_overrides", {})
     model = overrides.setdefault("policy_model", {}).setdefault("responses_api_models", {})
-    model.setdefault("vllm_model", {}).update(SESSION_IDS)
+    model.setdefault("vllm_model", {})[SESSION_ID_SETTING] = True
     path.write_text(yaml.safe_dump(config))
     return path
 

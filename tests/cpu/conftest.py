@@ -19,7 +19,7 @@ Gym's servers (8-12 GB); two at once passed Ray's memory limit on a 24 GB machin
 servers first and the ones that start servers last (`SERVER_MODULES`), away from `test_main_ppo`. Under
 `--shuffle` the heavy unit also takes `HEAVY_WHEN_SHUFFLED` (a module with a vLLM engine of its own).
 
-Leftovers: the session gives every process it starts a temporary folder of its own (`TMPDIR`: a `ngsuite-*` folder
+Leftovers: the session gives every process it starts a temporary folder of its own (`TMPDIR`: a `ngs-*` folder
 in the system's), so what test fixtures' servers leave there (vLLM's sockets, Ray's sessions) goes with it at the
 end. At the end it fails if any training run left its temporary folder (`ngjob-*`, which the launcher removes
 when a run ends), or if anything new is left in the system's temporary folder or in /dev/shm (nothing of the
@@ -54,6 +54,8 @@ import pytest
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm_training.py",
+    # Two trainer ranks and two vLLM engines on a three-node Slurm cluster of network namespaces.
+    "test_two_nodes.py",
     # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
     "test_manager_exit.py",
@@ -127,7 +129,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_COST] = {"started": time.monotonic(), "modules": {}}
     config.stash[_BEFORE] = _entries(system_temp)
     config.stash[_SYSTEM_TEMP] = system_temp
-    suite_temp = Path(tempfile.mkdtemp(prefix="ngsuite-", dir=system_temp))
+    # Short: a training run's folder under it holds Ray's sockets (`recipe/nemo_gym/launch/cluster.py`: 17 bytes).
+    suite_temp = Path(tempfile.mkdtemp(prefix="ngs-", dir=system_temp))
     config.stash[_SUITE_TEMP] = suite_temp
     os.environ["TMPDIR"] = str(suite_temp)  # inherited by the workers and everything they start
     tempfile.tempdir = None  # this process's tempfile reads TMPDIR again

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Install Slurm and munge (Debian/Ubuntu packages slurm-wlm and munge) when they are missing, for the tests
-# that run the submit scripts under a private one-node Slurm cluster (tests/cpu/e2e/test_slurm.py and
-# test_slurm_training.py).
+# that run the submit scripts under a private Slurm cluster (tests/cpu/e2e/test_slurm.py, test_slurm_training.py),
+# and iproute2, whose `ip` gives the two-node test's nodes their network namespaces (test_two_nodes.py).
 #
 # Called by run_tests.sh before pytest. Quiet when everything is there. Never fails the test run: when it
 # cannot install (not root, no apt-get, no network), it says so and returns 0; the Slurm tests then fail
@@ -11,8 +11,8 @@
 # machine has none (and removed afterwards).
 set -uo pipefail
 
-NEEDED_COMMANDS=(sbatch srun scontrol sinfo slurmctld slurmd munged)
-PACKAGES=(slurm-wlm munge)
+NEEDED_COMMANDS=(sbatch srun scontrol sinfo slurmctld slurmd munged ip)
+PACKAGES=(slurm-wlm munge iproute2)
 INSTALL_HINT="apt-get install -y --no-install-recommends ${PACKAGES[*]}"
 APT_TIMEOUT_S="${NG_SLURM_APT_TIMEOUT_S:-300}"
 

@@ -6,9 +6,9 @@
 Two lanes run side by side, as the suite's two workers do: the heavy modules (`tests/cpu/conftest.py`'s
 `HEAVY_MODULES` and `HEAVY_WHEN_SHUFFLED`) one after another in one, the rest one after another in the other. So
 each module runs alone in its session, with nothing shared: the shared engine is started for each module that uses
-it. Each lane has its own temporary folder (`/tmp/h`, `/tmp/o`: a training run's Ray socket paths, under
-`<temp>/ngsuite-*/ngjob-*/ray/session_*/sockets/`, leave 8 bytes of the 107 a Unix socket's path may hold below
-`/tmp`), so the session-end leftover check of one lane never sees the other's files. /dev/shm is one per machine,
+it. Each lane has its own temporary folder (`/tmp/h`, `/tmp/o`), so the session-end leftover check of one lane never
+sees the other's files; a training run's own folder goes in `/tmp` there (its Ray's socket paths would not fit under
+`<lane>/ngs-*`: `recipe/nemo_gym/launch/cluster.py`), where neither lane's check looks. /dev/shm is one per machine,
 so those checks leave it out (`NG_SUITE_SHM_SHARED=1`); the full suite, one session, checks it. Writes one log per
 module and `summary.txt` under OUT_DIR; exits 1 if any module failed.
 """

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from recipe.nemo_gym.gym.attach import SESSION_ID_SETTING
 from recipe.nemo_gym.gym.over_http.client import HeadClient
 from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym.gym.owned import seams
@@ -47,12 +48,26 @@ def attach_command(
         "+policy_api_key=EMPTY",
         f"++{server}.endpoint_file={endpoint_file}",
         f"++{server}.uses_reasoning_parser=false",
-        f"++{server}.forward_session_id_as_conversation_id=true",
+        f"++{server}.{SESSION_ID_SETTING}=true",
         "+model_endpoint_readiness_timeout_seconds=0",
         "+use_absolute_ip=true",
         "+head_server.host=0.0.0.0",
         f"+head_server.port={port}",
     ]  # fmt: skip
+
+
+def gym_bin_dir() -> Path:
+    """The bin folder of Gym's own environment (`.venv-gym`, or where `NEMO_GYM_ENV` says)."""
+    return inspect_environment(locate_environment(None)).bin_dir
+
+
+def offline_gym_arguments(venv_dir: Path, cwd: Path = REPO_ROOT) -> list[str]:
+    """What `attach_command` gets on this machine, which has no network (see the module docstring): each server's
+    venv is a link, made here under `venv_dir`, to Gym's environment."""
+    environment = inspect_environment(locate_environment(None))
+    shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
+    seams.link_server_venvs(venv_dir, seams.server_dirs([environment.install_root, cwd]), shim)
+    return ["+skip_venv_if_present=true", f"+uv_venv_dir={venv_dir}"]
 
 
 @dataclass
@@ -80,15 +95,11 @@ class ExternalGym:
     ) -> ExternalGym:
         """Start it from `cwd` (Gym finds config paths and server folders there first, then in its own root: the
         repository root holds our own environment, `uppercase_share`)."""
-        environment = inspect_environment(locate_environment(None))
-        venv_dir = work_dir / "venvs"
-        shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
-        seams.link_server_venvs(venv_dir, seams.server_dirs([environment.install_root, cwd]), shim)
         endpoint_file = work_dir / "policy_endpoint"
         argv = attach_command(
-            environment.bin_dir, config_paths, endpoint_file=endpoint_file, model_name=model_name, port=port
+            gym_bin_dir(), config_paths, endpoint_file=endpoint_file, model_name=model_name, port=port
         )
-        argv += ["+skip_venv_if_present=true", f"+uv_venv_dir={venv_dir}"]  # offline: see the module docstring
+        argv += offline_gym_arguments(work_dir / "venvs", cwd)
         # Short: Ray's socket paths under it must stay within the 107 bytes a Unix socket allows.
         ray_dir = Path(tempfile.mkdtemp(prefix="ng-ext-", dir="/tmp"))
         env = clean_environment(os.environ) | {"RAY_TMPDIR": str(ray_dir), "PYTHONUNBUFFERED": "1"}

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A private one-node Slurm cluster for tests: its own munged, slurmctld and slurmd, started as root.
+"""A private Slurm cluster for tests: its own munged, slurmctld and slurmd, started as root. One node (this machine)
+by default; with a `NodeNetwork` (tests/support/netns_nodes.py), one slurmd per node of it, each in the node's own
+network namespace with the node's address, and slurmctld on the bridge's address.
 
 Everything lives under one fresh directory (`/tmp/ngslurm-*`, short: munge and slurmd put Unix sockets in it):
 the munge key, socket, PID and log files; slurm.conf; slurmctld's state; slurmd's spool; the daemons' logs.
-The ports (SlurmctldPort, SlurmdPort) are picked free. The node is this machine with the CPUs, sockets, cores,
-threads and memory `slurmd -C` reports. Without cgroups (none here), processes are tracked by parentage
-(`proctrack/linuxproc`) and tasks are not bound (`task/none`); `select/cons_tres`; no accounting.
+The ports (SlurmctldPort, SlurmdPort) are picked free. Each node is this machine with the CPUs, sockets, cores,
+threads and memory `slurmd -C` reports (several nodes share them: their resources are logical). Without cgroups
+(none here), processes are tracked by parentage (`proctrack/linuxproc`) and tasks are not bound (`task/none`);
+`select/cons_tres`; no accounting.
 
 Every daemon and client command runs with `SLURM_CONF` pointing at the cluster's own slurm.conf (the daemons
 also get `-f`), and with the marker variable `NG_SLURM_TEST_CLUSTER=<directory>`. Batch jobs inherit the
@@ -32,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from tests.support.helpers import processes_with_env
+from tests.support.netns_nodes import NodeNetwork
 
 MARKER = "NG_SLURM_TEST_CLUSTER"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -116,14 +120,26 @@ class Daemon:
     name: str
     process: subprocess.Popen
     log: Path
+    node: str | None = None
 
 
 class SlurmCluster:
-    def __init__(self, base_dir: str | os.PathLike | None = None, start_timeout_s: float = 90) -> None:
+    def __init__(
+        self,
+        base_dir: str | os.PathLike | None = None,
+        start_timeout_s: float = 90,
+        network: NodeNetwork | None = None,
+        partitions: dict[str, list[str]] | None = None,
+    ) -> None:
+        """One node, this machine, in partition `test`; or with `network`, its nodes, in `partitions` (name: nodes;
+        the first is the default; default: all nodes in `test`)."""
         self.root = Path(tempfile.mkdtemp(prefix="ngslurm-", dir=base_dir or "/tmp"))
         self.root.chmod(0o755)
         self.start_timeout_s = start_timeout_s
         self.node = socket.gethostname().split(".")[0]
+        self.network = network
+        self.nodes = list(network.nodes) if network else [self.node]
+        self.partitions = partitions or {"test": self.nodes}
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.log_dir = self.root / "log"
@@ -172,9 +188,11 @@ class SlurmCluster:
             path.mkdir(mode=0o755)
         (self.root / "plugstack.conf").write_text("")
         hardware = " ".join(f"{key}={value}" for key, value in node_hardware().items())
+        controller = self.network.controller_ip if self.network else "127.0.0.1"
+        per_node = "-%n" if self.network else ""  # slurmd's files, one set per node (Slurm substitutes the name)
         settings = {
             "ClusterName": "ngtest",
-            "SlurmctldHost": f"{self.node}(127.0.0.1)",
+            "SlurmctldHost": f"{self.node}({controller})",
             "SlurmctldPort": self.ctld_port,
             "SlurmdPort": self.slurmd_port,
             "SlurmUser": "root",
@@ -183,11 +201,11 @@ class SlurmCluster:
             "CredType": "cred/munge",
             "AuthInfo": f"socket={self.munge_socket}",
             "StateSaveLocation": state,
-            "SlurmdSpoolDir": spool,
+            "SlurmdSpoolDir": f"{spool}{per_node}",
             "SlurmctldPidFile": self.root / "slurmctld.pid",
-            "SlurmdPidFile": self.root / "slurmd.pid",
+            "SlurmdPidFile": self.root / f"slurmd{per_node}.pid",
             "SlurmctldLogFile": self.log_dir / "slurmctld.log",
-            "SlurmdLogFile": self.log_dir / "slurmd.log",
+            "SlurmdLogFile": self.log_dir / f"slurmd{per_node}.log",
             "PlugStackConfig": self.root / "plugstack.conf",
             "ProctrackType": "proctrack/linuxproc",
             "TaskPlugin": "task/none",
@@ -210,15 +228,25 @@ class SlurmCluster:
             "SlurmdDebug": "info",
         }
         lines = [f"{key}={value}" for key, value in settings.items()]
-        lines.append(f"NodeName={self.node} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN")
-        lines.append("PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        for node in self.nodes:
+            address = self.network.addresses[node] if self.network else "127.0.0.1"
+            lines.append(f"NodeName={node} NodeAddr={address} {hardware} State=UNKNOWN")
+        for i, (partition, nodes) in enumerate(self.partitions.items()):
+            default = "YES" if i == 0 else "NO"
+            listed = ",".join(nodes)
+            lines.append(f"PartitionName={partition} Nodes={listed} Default={default} MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.network:
+            for node in self.nodes:
+                (self.root / f"spool-{node}").mkdir(mode=0o755)
 
-    def _spawn(self, name: str, *args: str) -> None:
-        log = self.log_dir / f"{name}.out"
+    def _spawn(self, name: str, *args: str, node: str | None = None) -> None:
+        """Start daemon `name`; with `node`, as a process of that node of the network."""
+        log = self.log_dir / (f"{name}-{node}.out" if node else f"{name}.out")
+        argv = [which(name), *args]
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [which(name), *args],
+                self.network.on_node(node, argv) if node else argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -226,7 +254,7 @@ class SlurmCluster:
                 cwd=self.root,
                 start_new_session=True,
             )
-        self.daemons.append(Daemon(name, process, log))
+        self.daemons.append(Daemon(name, process, log, node))
 
     def _wait(self, what: str, ready, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -238,9 +266,12 @@ class SlurmCluster:
                 raise SlurmError(f"{what} not ready after {timeout_s:.0f} s\n{self.log_tails()}")
             time.sleep(0.5)
 
-    def node_state(self) -> str:
-        result = self.run("sinfo", "--noheader", "--Node", "--format=%T", "--nodes", self.node, check=False)
+    def node_state(self, node: str | None = None) -> str:
+        result = self.run("sinfo", "--noheader", "--Node", "--format=%T", "--nodes", node or self.node, check=False)
         return result.stdout.strip() if result.returncode == 0 else f"unreachable: {result.stderr.strip()}"
+
+    def all_idle(self) -> bool:
+        return all(self.node_state(node) == "idle" for node in self.nodes)
 
     def start(self) -> SlurmCluster:
         """Start munged, slurmctld and slurmd; return once the node is idle (bounded by start_timeout_s)."""
@@ -265,8 +296,9 @@ class SlurmCluster:
             )
             self._wait("munged", self.munge_socket.exists, 30)
             self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
-            self._spawn("slurmd", "-D", "-N", self.node, "-f", str(self.conf))
-            self._wait(f"node {self.node}", lambda: self.node_state() == "idle", self.start_timeout_s)
+            for node in self.nodes:
+                self._spawn("slurmd", "-D", "-N", node, "-f", str(self.conf), node=node if self.network else None)
+            self._wait(f"node(s) {', '.join(self.nodes)}", self.all_idle, self.start_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -82,15 +82,25 @@ def submit_ray_job(cluster, tmp_path: Path, script: Path, *script_args: str, **k
     return record, log, left
 
 
-def submit(cluster, tmp_path: Path, script: Path, *script_args: str, timeout_s: float, while_running=None, **env):
-    """sbatch `script` from the repository root (as a user would: the job finds the repository through
-    SLURM_SUBMIT_DIR), call `while_running(job_id)` if given, wait for the job's final state, and return (job
-    record, log text, processes of the job still alive 30 s after it ended)."""
+def submit(
+    cluster,
+    tmp_path: Path,
+    script: Path,
+    *script_args: str,
+    timeout_s: float,
+    while_running=None,
+    nodes: int = 1,
+    partition: str | None = None,
+    **env,
+):
+    """sbatch `script` on `nodes` nodes (of `partition`: the default one unless named) from the repository root (as a
+    user would: the job finds the repository through SLURM_SUBMIT_DIR), call `while_running(job_id)` if given, wait
+    for the job's final state, and return (job record, log text, processes of the job still alive 30 s after it
+    ended)."""
     token = uuid.uuid4().hex
     log = tmp_path / "job-%j.log"
-    job_id = cluster.sbatch(
-        script, "--nodes=1", f"--output={log}", script_args=script_args, cwd=REPO, **{JOB_MARKER: token}, **env
-    )
+    options = [f"--nodes={nodes}", f"--output={log}", *([f"--partition={partition}"] if partition else [])]
+    job_id = cluster.sbatch(script, *options, script_args=script_args, cwd=REPO, **{JOB_MARKER: token}, **env)
     if while_running is not None:
         while_running(job_id)
     record = cluster.wait_job(job_id, timeout_s)

@@ -9,7 +9,8 @@ difference` prints them as the README lists them.
 Why each override (all checked against verl 0.9.1 on a 2-core machine without a GPU):
 - `trainer.device=cpu`, one "GPU" per node: verl's placement groups ask Ray for GPUs, so Ray is started with one
   logical GPU (`num_gpus=1`; `CUDA_VISIBLE_DEVICES` must not be set to an empty string, Ray refuses it) and more
-  logical CPUs than cores (verl's worker bundles ask for several each; the work itself is small).
+  logical CPUs than cores (verl's worker bundles ask for several each; the work itself is small). The node count
+  stays the job's (`trainer.nnodes`): each node's Ray announces its one logical GPU.
 - `actor.strategy=fsdp2`: FSDP1's `sync_module_states` refuses CPU parameters. `VERL_ENGINE_DEVICE=cuda` is
   verl's own override of the engine registry key: FSDP engines are registered for cuda/npu only, and on CPU they
   run unchanged.
@@ -63,7 +64,6 @@ def cpu_overrides(*, start_ray: bool = True, num_cpus: int = 8) -> list[str]:
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     overrides = [
         "trainer.device=cpu",
-        "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",

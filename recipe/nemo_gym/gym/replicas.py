@@ -98,9 +98,9 @@ def replica_groups[T](targets: Mapping[str, T]) -> dict[str, tuple[T, ...]]:
     copies: dict[str, list[tuple[int, T]]] = {}
     groups: dict[str, tuple[T, ...]] = {}
     for name, value in targets.items():
-        base = replica_of(name)
-        if base is not None and base in targets:
-            copies.setdefault(base, []).append((int(name.rsplit("__replica", 1)[1]), value))
+        match = _COPY.match(name)
+        if match and match["agent"] in targets:
+            copies.setdefault(match["agent"], []).append((int(match["r"]), value))
     for name, value in targets.items():
         base = replica_of(name)
         if base is None or base not in targets:

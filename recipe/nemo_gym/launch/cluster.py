@@ -5,6 +5,11 @@
 list of ` <count> <node type>` lines. `wait_for_nodes` polls `ray status --address` until `expected` nodes are in,
 and raises `ClusterNotFormed` naming how many joined and the last status once its deadline has passed.
 
+The Ray bootstrap starts the other nodes only once the head node itself is in (a worker's `ray start` gives up
+after about 40 s without it, and a busy head takes longer to register):
+
+    python -m recipe.nemo_gym.launch.cluster ADDRESS NODES TIMEOUT_S POLL_S   # exit 0 once NODES are in, else 1
+
 `node_address(resolved, interface_addresses)` is pure too: the address of the head node that the other nodes reach,
 which the bootstrap starts Ray's head on (`launch ray-env`, run on that node, exports it as NG_HEAD_IP).
 """
@@ -16,6 +21,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -55,10 +61,13 @@ def this_node_address() -> str:
 
 UNIX_SOCKET_PATH_MAX = 107
 """Bytes a Unix socket's path may hold on Linux (`sockaddr_un.sun_path` is 108, its terminating NUL included)."""
-RAY_SOCKET_UNDER_JOB_TEMP = "/ngjob-xxxxxxxx/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+RAY_SOCKET_UNDER_JOB_TEMP = "/ngjob-xxxxxxxx/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/dash_TaskEventsHead"
 """The longest path a job's own Ray puts under the folder that holds the job's temporary folder: Ray 2.60 keeps its
 sessions in `$TMPDIR/ray` (here the job's `ngjob-*`), its sockets in `session_<time>_<pid>/sockets/` (Linux's
-largest pid); a longer one and Ray fails at start (`validate_socket_filename failed`)."""
+largest pid), the longest of them its dashboard's modules' (`dash_<module>`: `dash_MetricsHead` always,
+`dash_TaskEventsHead` where Ray's config enables that module). A longer path and Ray's head fails at start
+(`validate_socket_filename failed`, after a minute's wait for its dashboard). So the folder that holds the job's may
+be 17 bytes long (/tmp/ngs-xxxxxxxx, the test suite's): a two-node test's 23-byte one failed so."""
 
 
 def job_temp_parent(temp: str, fallback: str = "/tmp") -> str:
@@ -112,3 +121,20 @@ def wait_for_nodes(
                 f"(cluster.ray_join_timeout_s); the last 'ray status':\n{text}"
             )
         time.sleep(poll_s)
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 4:
+        print("usage: python -m recipe.nemo_gym.launch.cluster ADDRESS NODES TIMEOUT_S POLL_S", file=sys.stderr)
+        return 2
+    address, nodes, timeout_s, poll_s = argv[0], int(argv[1]), float(argv[2]), float(argv[3])
+    try:
+        wait_for_nodes(address, nodes, timeout_s, poll_s, say=lambda m: print(f"ray_on_slurm: {m}", file=sys.stderr))
+    except ClusterNotFormed as e:
+        print(f"ray_on_slurm: ERROR: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

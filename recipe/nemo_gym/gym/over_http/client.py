@@ -229,18 +229,18 @@ def make_post_run(session: Any, router: LeastBusy[RunTarget]) -> Callable[[int, 
     row goes to the copy of its agent `router` picks (`replicas.py`; an agent without copies is its one target)."""
 
     async def post_run(index: int, row: Mapping[str, Any]) -> dict[str, Any] | EpisodeFailure:
-        with router.route(row["agent_ref"]["name"]) as target:
-            return await _post_row(session, target, index, row)
+        agent = row["agent_ref"]["name"]
+        with router.route(agent) as target:
+            return await _post_row(session, target, agent, index, row)
 
     return post_run
 
 
 async def _post_row(
-    session: Any, target: RunTarget, index: int, row: Mapping[str, Any]
+    session: Any, target: RunTarget, agent: str, index: int, row: Mapping[str, Any]
 ) -> dict[str, Any] | EpisodeFailure:
     import aiohttp
 
-    agent = row["agent_ref"]["name"]
     # Failures name the agent the row names, and the server that answered: its environment server, or its copy.
     via = target.via or (target.agent if target.agent != agent else None)
     body = {TASK_INDEX_KEY: index, ROLLOUT_INDEX_KEY: 0, **row}

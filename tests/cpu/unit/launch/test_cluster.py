@@ -78,9 +78,10 @@ def test_the_head_address_is_the_host_names_unless_loopback_then_the_first_other
 
 
 def test_a_jobs_temporary_folder_goes_under_tmpdir_unless_rays_socket_paths_there_would_pass_the_unix_limit():
-    longest = "/" + "t" * (UNIX_SOCKET_PATH_MAX - len(RAY_SOCKET_UNDER_JOB_TEMP) - 1)  # 24 bytes
+    longest = "/" + "t" * (UNIX_SOCKET_PATH_MAX - len(RAY_SOCKET_UNDER_JOB_TEMP) - 1)  # 17 bytes
     assert job_temp_parent("/tmp") == "/tmp"
-    assert job_temp_parent("/tmp/ngsuite-lzbcnmow") == "/tmp/ngsuite-lzbcnmow"  # the suite's own, 21 bytes
+    assert job_temp_parent("/tmp/ngs-lzbcnmow") == "/tmp/ngs-lzbcnmow"  # the suite's own, 17 bytes
+    assert job_temp_parent("/tmp/ngsuite-lzbcnmow") == "/tmp"  # its earlier name: Ray's dashboard would fail there
     assert job_temp_parent(longest) == longest
     assert job_temp_parent(longest + "/") == longest + "/"  # a trailing slash adds nothing to the paths
     assert job_temp_parent(longest + "t") == "/tmp"

@@ -482,6 +482,15 @@ def test_an_unknown_backend_is_refused(tmp_path):
     assert "  backend: Input should be 'gpu' or 'cpu'" in result.stderr
 
 
+def test_a_two_node_cpu_job_trains_on_both_nodes_one_logical_gpu_each(tmp_path, verl_checks):
+    result = run_script(SCRIPTS["math"], write_job(tmp_path, backend="cpu", cluster__nnodes=2))
+    assert result.returncode == 0, result.stderr
+    cfg = compose_verl(result.stdout.splitlines()[3:])
+    verl_checks(cfg)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 1)
+    assert "each node's 'ray start' gets: --num-gpus=1 --num-cpus=8" in result.stderr
+
+
 def test_gpu_backend_is_the_default_and_adds_nothing(tmp_path):
     result = run_script(SCRIPTS["multienv"], write_job(tmp_path, "multienv", cluster__ray_num_cpus=12))
     assert result.returncode == 0, result.stderr

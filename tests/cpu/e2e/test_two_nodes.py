@@ -1,0 +1,325 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Two training nodes and a CPU node under a real Slurm: verl's `main_ppo` trains across both nodes against a NeMo Gym
+attached from the CPU node, until one node's Ray dies.
+
+The cluster (`tests/support/netns_nodes.py`, `slurm_cluster.py`): three nodes, each a network namespace with its own
+address (10.x.y.1-3), host name, /etc/hosts, temporary folder and /dev/shm, each running its own slurmd; slurmctld on
+the bridge's address. Nothing is replaced: the jobs are submitted the way users submit them.
+- The Gym job (partition `cpu`, node `cpu1`): docs/attach-mode.md's `srun gym env start ... +use_absolute_ip=true`
+  (offline venv links are the one difference), running the repository's `uppercase_share` environment.
+- The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`): a `backend: cpu` job with `cluster.nnodes:
+  2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
+  worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
+  puts a relay in front of the two servers and hands Gym its address.
+Once step 2 is logged the test kills node2's Ray (every process of node2 but slurmd and its step daemons: a node lost
+mid-step). The job must end, FAILED, within the bootstrap's grace, its last line naming node2, and leave nothing on
+any node: no process in node1's or node2's namespace but slurmd, an empty temporary folder and /dev/shm on each. The
+attached Gym keeps running for the next trainer until its own job is cancelled; then the CPU node is left clean too.
+(A job that completes is the one-node tests' case: `test_slurm.py`, `test_main_ppo.py`.) The test prints the nodes'
+addresses, the job's wall time and the machine's peak memory while it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
+from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from tests.support import netns_nodes, slurm_cluster, slurm_jobs
+from tests.support.external_gym import attach_command, gym_bin_dir, offline_gym_arguments
+from tests.support.helpers import REPO_ROOT
+from tests.support.netns_nodes import NodeNetwork
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("user_ray_auth_environment"), pytest.mark.timeout(1800)]
+
+TRAINERS = ("node1", "node2")
+GYM_NODE = "cpu1"
+GYM_PORT = 11000  # the docs' port: the Gym has its node to itself
+UPPERCASE = "uppercase_share_simple_agent"
+UPPERCASE_CONFIG = "resources_servers/uppercase_share/configs/uppercase_share.yaml"  # ours, in the repository
+NODE_DAEMONS = ("slurmd", "slurmstepd")  # what is left of a node whose Ray died
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    slurm_jobs.require_slurm()
+    reason = netns_nodes.unavailable_reason()
+    if reason:
+        pytest.fail(f"the two-node tests cannot run: {reason}", pytrace=False)
+    network = NodeNetwork([*TRAINERS, GYM_NODE], controller=socket.gethostname()).start()
+    cluster = slurm_cluster.SlurmCluster(network=network, partitions={"gpu": list(TRAINERS), "cpu": [GYM_NODE]})
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        try:
+            slurm_jobs.stop_and_check(cluster)
+        finally:
+            killed = network.close()
+        assert killed == [], f"processes left in the nodes' namespaces (killed now): {killed}"
+
+
+def gym_job_script(tmp_path: Path, model: str) -> tuple[Path, Path]:
+    """The attach docs' Gym job for the CPU node, and the endpoint file it names."""
+    endpoint_file = tmp_path / "policy_endpoint"
+    argv = attach_command(
+        gym_bin_dir(), [UPPERCASE_CONFIG], endpoint_file=endpoint_file, model_name=model, port=GYM_PORT
+    )
+    argv += offline_gym_arguments(tmp_path / "venvs")
+    script = tmp_path / "gym_job.sh"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f"#SBATCH --job-name=nemo-gym --nodes=1 --partition=cpu\n"
+        "set -euo pipefail\n"
+        "# Gym's own Python: nothing of the submitting shell's Ray or Python 3.12 packages (clean_environment).\n"
+        "unset PYTHONPATH PYTHONHOME VIRTUAL_ENV $(compgen -v RAY_ || true)\n"
+        "# Gym's Ray keeps its session folder: in one of the job's own (short: Ray puts sockets under it), removed.\n"
+        'export RAY_TMPDIR=$(mktemp -d "$TMPDIR/g.XXXXXX")\n'
+        "trap 'rm -rf \"$RAY_TMPDIR\"' EXIT\n"
+        f"cd {shlex.quote(str(REPO_ROOT))}\n"
+        f"srun {shlex.join(argv)}\n"
+    )
+    return script, endpoint_file
+
+
+def wait_for_gym(cluster, job_id: str, url_host: str, timeout_s: float = 300) -> list:
+    head = HeadClient(url_host, GYM_PORT, timeout_s=5.0)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = cluster.job(job_id).get("JobState")
+        assert state not in slurm_cluster.FINAL_STATES, f"the Gym job {job_id} ended ({state}) before it was ready"
+        try:
+            servers = head.instances()
+        except OSError:
+            servers = []
+        if servers and all(psutil_port_open(s.host, s.port) for s in servers):
+            return servers
+        assert time.monotonic() < deadline, f"the Gym job {job_id} was not ready within {timeout_s:g} s"
+        time.sleep(2)
+
+
+def psutil_port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex((host, port)) == 0
+
+
+class MemoryPeak:
+    """The machine's used memory, sampled every second while the test runs: its peak in GiB."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            memory = psutil.virtual_memory()
+            self.peak = max(self.peak, memory.total - memory.available)
+
+    def __enter__(self) -> MemoryPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def node_processes(cluster, node: str) -> list[str]:
+    """The processes in `node`'s namespace other than its Slurm daemons, described."""
+    left = []
+    for pid in cluster.network.pids(node):
+        try:
+            process = psutil.Process(pid)
+            if process.name() not in NODE_DAEMONS and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(process.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    return left
+
+
+def kill_node_ray_after_step_2(cluster, job_log: Path, node: str, timeout_s: float = 1500):
+    """A `while_running` callback: once verl's console logger has printed step 2, SIGKILL every process of `node`
+    but its Slurm daemons (its Ray: `ray start`, the raylet, the workers, and what they started)."""
+    killed: list[str] = []
+
+    def kill(job_id: str) -> None:
+        log = Path(str(job_log).replace("%j", job_id))
+        deadline = time.monotonic() + timeout_s
+        while not (log.exists() and re.search(r"\bstep:2 - ", log.read_text(errors="replace"))):
+            state = cluster.job(job_id).get("JobState")
+            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step 2"
+            assert time.monotonic() < deadline, f"job {job_id} did not train step 2 within {timeout_s} s"
+            time.sleep(1)
+        for pid in cluster.network.pids(node):
+            try:
+                process = psutil.Process(pid)
+                if process.name() not in NODE_DAEMONS:
+                    killed.append(f"{pid} {' '.join(process.cmdline())[:80]}")
+                    process.kill()
+            except psutil.Error:
+                continue
+        killed.append(f"at {time.monotonic():.1f}")
+
+    kill.killed = killed
+    return kill
+
+
+def console_metrics(log: str, step: int) -> dict[str, float]:
+    """verl's console logger line of `step` as {metric: value} (numpy's scalars print as `np.float64(<value>)`)."""
+    line = next(line for line in log.splitlines() if re.search(rf"\bstep:{step} - ", line))
+    pairs = re.findall(r"([\w/@.-]+):(?:np\.\w+\()?([-+0-9.eE]+|nan)\)?(?= - |$)", line)
+    return {k: float(v) for k, v in pairs}
+
+
+@pytest.fixture(scope="module")
+def run(nodes, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
+    cluster, network = nodes, nodes.network
+    model = str(tiny_qwen3_dir())
+    gym_script, endpoint_file = gym_job_script(tmp_path, model)
+    gym_log = tmp_path / "gym-%j.log"
+    gym_job = cluster.sbatch(gym_script, f"--output={gym_log}", cwd=REPO_ROOT, TMPDIR=str(network.node_temp))
+    try:
+        servers = wait_for_gym(cluster, gym_job, network.addresses[GYM_NODE])
+        rows = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()][:6]
+        for row in rows:
+            row["responses_create_params"]["max_output_tokens"] = 16
+        train = write_jsonl(rows, tmp_path / "train.jsonl")
+        plugin = tmp_path / "attach.yaml"
+        plugin.write_text(
+            f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n"
+            "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
+            "failures: {max_fraction: 0.0}\n"
+        )
+        job = slurm_jobs.write_job(
+            tmp_path,
+            None,
+            backend="cpu",
+            model=model,
+            environments=str(plugin),
+            data={"train_files": [str(train)], "val_files": [str(train)]},
+            cluster__nnodes=2,
+            training={
+                "train_batch_size": 2,
+                "rollout_n": 2,
+                "ppo_mini_batch_size": 2,
+                "micro_batch_size_per_gpu": 1,
+                "max_prompt_length": 1024,
+                "max_response_length": 32,
+                "lr": 1e-2,
+                "total_training_steps": 3,
+                "save_freq": -1,
+                "test_freq": -1,
+                "val_before_train": False,
+            },
+            logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
+            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0"],
+        )
+        kill = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
+        started = time.monotonic()
+        with MemoryPeak() as memory:
+            record, log, left = slurm_jobs.submit_ray_job(
+                cluster,
+                tmp_path,
+                slurm_jobs.SUBMIT,
+                nodes=2,
+                partition="gpu",
+                timeout_s=1500,
+                while_running=kill,
+                JOB=str(job),
+                NEMO_GYM_HEAD_SERVER_URL=f"http://{GYM_NODE}:{GYM_PORT}",
+                TMPDIR=str(network.node_temp),  # each node's own /tmp, as on a cluster
+            )
+        wall_s = time.monotonic() - started
+        after = {node: node_processes(cluster, node) for node in TRAINERS}
+        gym_alive = (
+            cluster.job(gym_job).get("JobState") == "RUNNING"
+            and HeadClient(network.addresses[GYM_NODE], GYM_PORT, timeout_s=5.0).instances()
+        )
+        print(
+            f"two nodes: {network.addresses}; job {record.get('JobId')} {record.get('JobState')} in {wall_s:.0f} s "
+            f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill.killed}"
+        )
+        gym_record = stop_gym_job(cluster, gym_job)
+        gym_after = node_processes(cluster, GYM_NODE)
+        yield {
+            "record": record, "log": log, "left": left, "after": after, "servers": servers, "gym_alive": gym_alive,
+            "killed": kill.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
+            "gym_after": gym_after,
+        }  # fmt: skip
+    finally:
+        stop_gym_job(cluster, gym_job)
+
+
+def stop_gym_job(cluster, job_id: str) -> dict:
+    """Gym's own orderly stop, SIGINT to its step (`scancel --signal=INT` signals the steps, not the batch script),
+    then the job's final record."""
+    if cluster.job(job_id).get("JobState") not in slurm_cluster.FINAL_STATES:
+        cluster.run("scancel", "--signal=INT", job_id, check=False)
+    try:
+        return cluster.wait_job(job_id, 120)
+    except slurm_cluster.SlurmError as e:
+        return {"JobState": f"not ended: {e}"}
+
+
+def test_main_ppo_trains_across_two_nodes_against_a_gym_on_a_cpu_node(run):
+    log, network = run["log"], run["network"]
+    failure = "\n".join(log.splitlines()[-80:])
+    head, worker = network.addresses["node1"], network.addresses["node2"]
+    # Ray's head on node1's own address, and both nodes in the cluster.
+    assert f"starting the Ray head on node1 ({head}:" in log, failure
+    assert re.search(rf"the Ray cluster at {re.escape(head)}:\d+ has 2 of 2 nodes", log), failure
+    # Gym's servers listen on the CPU node's address (use_absolute_ip), not on loopback.
+    assert {s.host for s in run["servers"]} == {network.addresses[GYM_NODE]}
+    # One verl server per node; Gym was handed the relay in front of both, at the address of the node where verl's
+    # TaskRunner (which holds the manager) runs: Ray places it on either node.
+    attached = re.search(r"policy http://([\d.]+):\d+/v1 published in \S+ through a relay to \[([^]]*)\]", log)
+    assert attached, failure
+    assert attached[1] in (head, worker) and sorted(re.findall(r"http://([\d.]+):", attached[2])) == sorted(
+        [head, worker]
+    )
+    for step in (1, 2):
+        metrics = console_metrics(log, step)
+        assert metrics["timing_s/nemo_gym/all/failed"] == 0, failure
+        assert metrics[f"timing_s/nemo_gym/{UPPERCASE}/episodes"] == 4, failure
+        assert metrics["training/rollout_probs_diff_max"] < 1e-6, failure  # token-exact across the nodes
+        assert metrics["actor/grad_norm"] > 0, failure
+    assert not re.search(r"\bstep:3 - ", log), failure
+
+
+def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_left_clean(run):
+    record, log, network = run["record"], run["log"], run["network"]
+    failure = "\n".join(log.splitlines()[-80:])
+    assert len(run["killed"]) > 1, "nothing of node2 was killed"
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", failure
+    assert log.rstrip().splitlines()[-1] == (
+        "ray_on_slurm: ERROR: the job failed because the Ray worker on node2 exited while the job ran"
+    ), failure
+    assert run["left"] == [], f"left running after the job: {run['left']}"
+    assert run["after"] == {node: [] for node in TRAINERS}, "processes left on the training nodes"
+    for node in TRAINERS:
+        assert sorted(p.name for p in network.private_temp(node).iterdir()) == [], f"{node}'s temporary folder"
+        assert sorted(p.name for p in network.private_shm(node).iterdir()) == [], f"{node}'s /dev/shm"
+
+
+def test_the_gym_on_the_cpu_node_outlives_the_trainer_and_stops_with_its_own_job_leaving_its_node_clean(run):
+    assert run["gym_alive"], "the attached Gym's job ended with the trainer's"
+    # The manager's node died with it, so nothing emptied the endpoint file: the next trainer's address replaces it.
+    assert run["endpoint_file"].read_text().startswith("http://")
+    assert run["gym_record"]["JobState"] == "COMPLETED", run["gym_record"]  # SIGINT: Gym's orderly stop
+    assert run["gym_after"] == []
+    network = run["network"]
+    assert sorted(p.name for p in network.private_temp(GYM_NODE).iterdir()) == []
+    assert sorted(p.name for p in network.private_shm(GYM_NODE).iterdir()) == []
