@@ -21,6 +21,7 @@ addresses, the job's wall time and the machine's peak memory while it ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -33,12 +34,14 @@ import psutil
 import pytest
 
 from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support import netns_nodes, slurm_cluster, slurm_jobs
 from tests.support.external_gym import attach_command, gym_bin_dir, offline_gym_arguments
 from tests.support.helpers import REPO_ROOT
 from tests.support.netns_nodes import NodeNetwork
+from tests.support.suite_cost import memory_in_use
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("user_ray_auth_environment"), pytest.mark.timeout(1800)]
 
@@ -102,16 +105,10 @@ def wait_for_gym(cluster, job_id: str, url_host: str, timeout_s: float = 300) ->
             servers = head.instances()
         except OSError:
             servers = []
-        if servers and all(psutil_port_open(s.host, s.port) for s in servers):
+        if servers and all(http_alive(s.host, s.port, 2.0) for s in servers):
             return servers
         assert time.monotonic() < deadline, f"the Gym job {job_id} was not ready within {timeout_s:g} s"
         time.sleep(2)
-
-
-def psutil_port_open(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex((host, port)) == 0
 
 
 class MemoryPeak:
@@ -124,8 +121,7 @@ class MemoryPeak:
 
     def _sample(self) -> None:
         while not self._stop.wait(1.0):
-            memory = psutil.virtual_memory()
-            self.peak = max(self.peak, memory.total - memory.available)
+            self.peak = max(self.peak, memory_in_use(Path("/proc/meminfo").read_text()))  # the suite's figure
 
     def __enter__(self) -> MemoryPeak:
         self._thread.start()
@@ -136,17 +132,15 @@ class MemoryPeak:
         self._thread.join()
 
 
-def node_processes(cluster, node: str) -> list[str]:
-    """The processes in `node`'s namespace other than its Slurm daemons, described."""
-    left = []
+def node_processes(cluster, node: str) -> list[psutil.Process]:
+    """The live processes in `node`'s namespace other than its Slurm daemons."""
+    found = []
     for pid in cluster.network.pids(node):
-        try:
+        with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             if process.name() not in NODE_DAEMONS and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid} {' '.join(process.cmdline())[:160]}")
-        except psutil.Error:
-            continue
-    return left
+                found.append(process)
+    return found
 
 
 def kill_node_ray_after_step_2(cluster, job_log: Path, node: str, timeout_s: float = 1500):
@@ -155,21 +149,11 @@ def kill_node_ray_after_step_2(cluster, job_log: Path, node: str, timeout_s: flo
     killed: list[str] = []
 
     def kill(job_id: str) -> None:
-        log = Path(str(job_log).replace("%j", job_id))
-        deadline = time.monotonic() + timeout_s
-        while not (log.exists() and re.search(r"\bstep:2 - ", log.read_text(errors="replace"))):
-            state = cluster.job(job_id).get("JobState")
-            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step 2"
-            assert time.monotonic() < deadline, f"job {job_id} did not train step 2 within {timeout_s} s"
-            time.sleep(1)
-        for pid in cluster.network.pids(node):
-            try:
-                process = psutil.Process(pid)
-                if process.name() not in NODE_DAEMONS:
-                    killed.append(f"{pid} {' '.join(process.cmdline())[:80]}")
-                    process.kill()
-            except psutil.Error:
-                continue
+        slurm_jobs.wait_for_step(cluster, job_log, job_id, 2, timeout_s)
+        for process in node_processes(cluster, node):
+            with contextlib.suppress(psutil.Error):
+                killed.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+                process.kill()
         killed.append(f"at {time.monotonic():.1f}")
 
     kill.killed = killed
@@ -243,7 +227,7 @@ def run(nodes, tmp_path_factory):
                 TMPDIR=str(network.node_temp),  # each node's own /tmp, as on a cluster
             )
         wall_s = time.monotonic() - started
-        after = {node: node_processes(cluster, node) for node in TRAINERS}
+        after = {node: cluster.describe(node_processes(cluster, node)) for node in TRAINERS}
         gym_alive = (
             cluster.job(gym_job).get("JobState") == "RUNNING"
             and HeadClient(network.addresses[GYM_NODE], GYM_PORT, timeout_s=5.0).instances()
@@ -253,7 +237,7 @@ def run(nodes, tmp_path_factory):
             f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill.killed}"
         )
         gym_record = stop_gym_job(cluster, gym_job)
-        gym_after = node_processes(cluster, GYM_NODE)
+        gym_after = cluster.describe(node_processes(cluster, GYM_NODE))
         yield {
             "record": record, "log": log, "left": left, "after": after, "servers": servers, "gym_alive": gym_alive,
             "killed": kill.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
