@@ -19,8 +19,9 @@ Contract:
   the fewest rows in flight, which posts it to the agent copy `router` picked, exactly as `client.post_row` does in
   the manager, and sends back the row's `Episode` (`packing.episode.read_episode` with `reading`'s limits) or its
   `EpisodeFailure`. A row cancelled in the parent (the deadline, an abort) is cancelled in its child.
-- A child that exits aborts the batch within its health-check interval or sooner: `RolloutAborted` naming the
-  child's pid and exit status, for every row it held; later rows go to the others (none left: `RolloutAborted`).
+- A child that exits aborts the batch at once: `RolloutAborted` naming the child's pid and exit status or signal
+  ("the manager's collect process 4242 was killed by SIGKILL with 3 rows in flight"), for every row it held; later
+  rows and batches go to the others (none left: `RolloutAborted`).
   An exception in a child (a bug, not a row's failure) is raised in the parent as `RuntimeError` with the child's
   traceback.
 - `close()` closes the sockets; each child then cancels what it runs and exits, and one still alive after 5 s is
@@ -174,9 +175,10 @@ class CollectProcesses:
         loop = asyncio.get_running_loop()
         try:
             status = await loop.run_in_executor(None, child.process.wait, _STOP_S)
+            how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
         except subprocess.TimeoutExpired:
-            status = "still running; its socket closed"
-        child.exited = f"the manager's {child.describe()} exited (status {status})"
+            how = "closed its socket"
+        child.exited = f"the manager's {child.describe()} {how}"
         held, child.pending = child.pending, {}
         for future in held.values():
             if not future.done():
