@@ -73,8 +73,14 @@ term_launcher() {  # pid
         step=$(timeout 10 squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' |
             awk -v name="$LAUNCHER_STEP" '$2 == name { print $1; exit }') || true
     fi
-    if [[ -n "$step" ]] && timeout 10 scancel --signal=TERM "$step"; then return 0; fi
-    kill -TERM "$1" 2>/dev/null || true
+    if [[ -z "$step" ]]; then
+        kill -TERM "$1" 2>/dev/null || true
+        return 0
+    fi
+    # In a job of several nodes, Slurm 22.05's scancel signals the step, then reports "Invalid job id specified"
+    # (the job's other nodes do not hold the step): its status says nothing. That the launcher stops is what
+    # counts, and stop_pid's grace bounds the wait for it.
+    timeout 10 scancel --signal=TERM "$step" 2>/dev/null || true
 }
 stop_pid() {  # pid name grace: TERM, then KILL after the grace
     local deadline=$((SECONDS + $3))

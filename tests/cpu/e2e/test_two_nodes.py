@@ -288,9 +288,10 @@ def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_
     failure = "\n".join(log.splitlines()[-80:])
     assert len(run["killed"]) > 1, "nothing of node2 was killed"
     assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", failure
-    # The launcher was stopped with SIGTERM to its step (not killed by srun), so it said how the job ended; the
-    # bootstrap's line naming the node comes last.
-    assert "forcing job termination" not in log, failure
+    # The launcher was stopped with SIGTERM to its step (not killed by srun with it), so it stopped the trainer and
+    # said how the job ended; the bootstrap's line naming the node comes last.
+    assert "launch: SIGTERM received: SIGINT to the trainer" in log, failure
+    assert re.search(r"^launch: the trainer stopped [\d.]+ s after SIGINT$", log, re.MULTILINE), failure
     assert log.rstrip().splitlines()[-2:] == [
         "launch: the job was stopped by SIGTERM (exit status 143)",
         "ray_on_slurm: ERROR: the job failed because the Ray worker on node2 exited while the job ran",
