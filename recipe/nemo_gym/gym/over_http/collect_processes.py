@@ -2,12 +2,11 @@
 """Collect processes: rows posted to NeMo Gym, and their results read into episodes, by child processes.
 
 Why: the manager is one process (verl's `TaskRunner`) and, by default, posts every row and reads every result on
-one event-loop thread. Measured with agent copies (`benchmarks/README.md`), that thread costs about 3 CPU-ms per
-model call (the HTTP client, the row's request, the result's JSON), so one manager stops a step near 300 calls/s
-however many agents serve it. For long multi-turn episodes the result's JSON also repeats every call's prompt
-token IDs: about 7 ms to parse an 8-turn episode of 15k tokens, where the `Episode` it becomes (token arrays)
-crosses a socket in about 0.15 ms. With `nemo_gym.collect_processes: N` that work runs in N children; the manager's
-loop keeps the routing, retries, deadline and health checks (`collect.run_examples_in_order`).
+one event-loop thread, beside the batch's scheduling and packing; one process caps what a step can run however many
+agents serve it (`benchmarks/README.md`). A long multi-turn result costs the most there: its JSON repeats every call's
+prompt token IDs, about 7 ms to parse for an 8-turn episode of 15k tokens, where the `Episode` it becomes (token
+arrays) crosses a socket in about 0.15 ms. With `nemo_gym.collect_processes: N` that work runs in N children; the
+manager's loop keeps the routing, retries, deadline and health checks (`collect.run_examples_in_order`).
 
 Contract:
 - `CollectProcesses(count, connector_limits)`; `await start()` on the manager's loop starts `count` children
