@@ -31,11 +31,12 @@ export PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 # Run a command on one node (the head unless named): a Slurm step in the job's container, or here. Called in a
 # subshell only (`$(...)` or `&`), which it becomes (exec): a signal to its pid reaches the command itself.
-on_node() {  # [-w node] command...
-    local -a where=()
+on_node() {  # [-w node] [-J step name] command...
+    local -a where=() name=()
     [[ "$1" != -w ]] || { where=(-w "$2"); shift 2; }
+    [[ "$1" != -J ]] || { name=(--job-name="$2"); shift 2; }
     if [[ -n "${SLURM_JOB_ID:-}" ]]; then
-        exec srun --overlap --export=ALL --nodes=1 --ntasks=1 "${where[@]}" "${CONTAINER[@]}" "$@"
+        exec srun --overlap --export=ALL --nodes=1 --ntasks=1 "${where[@]}" "${name[@]}" "${CONTAINER[@]}" "$@"
     fi
     [[ ${#CONTAINER[@]} == 0 ]] || die "CONTAINER_IMAGE needs a Slurm job (pyxis runs containers in job steps)"
     exec "$@"
@@ -62,10 +63,29 @@ export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
 
 PIDS=() NAMES=()
 track() { PIDS+=("$1") && NAMES+=("$2"); }
+LAUNCHER_STEP=nemo-gym-launcher
+# srun answers SIGTERM by killing its step's tasks at once (SIGKILL, "srun: forcing job termination"; Slurm 22.05
+# to 24.11), which would leave the launcher no time to stop the trainer and say how the job ended: the launcher's
+# SIGTERM goes to its step instead, through scancel, and its srun ends when the launcher does.
+term_launcher() {  # pid
+    local step=""
+    if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+        step=$(timeout 10 squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' |
+            awk -v name="$LAUNCHER_STEP" '$2 == name { print $1; exit }') || true
+    fi
+    if [[ -z "$step" ]]; then
+        kill -TERM "$1" 2>/dev/null || true
+        return 0
+    fi
+    # In a job of several nodes, Slurm 22.05's scancel signals the step, then reports "Invalid job id specified"
+    # (the job's other nodes do not hold the step): its status says nothing. That the launcher stops is what
+    # counts, and stop_pid's grace bounds the wait for it.
+    timeout 10 scancel --signal=TERM "$step" 2>/dev/null || true
+}
 stop_pid() {  # pid name grace: TERM, then KILL after the grace
     local deadline=$((SECONDS + $3))
     kill -0 "$1" 2>/dev/null || return 0
-    kill -TERM "$1" 2>/dev/null || true
+    if [[ "$1" == "${LAUNCHER:-}" ]]; then term_launcher "$1"; else kill -TERM "$1" 2>/dev/null || true; fi
     while kill -0 "$1" 2>/dev/null; do
         ((SECONDS < deadline)) || { log "$2 ignored SIGTERM for $3 s; killing it"; kill -KILL "$1" 2>/dev/null; break; }
         sleep 1
@@ -137,7 +157,7 @@ done
 
 # The launcher waits until every node has joined, then runs the trainer. Whichever ends first ends the job: the
 # launcher with its status, a Ray piece as a failure (the EXIT trap then stops the rest).
-on_node -w "$HEAD" "${LAUNCH[@]}" run "$@" &
+on_node -w "$HEAD" -J "$LAUNCHER_STEP" "${LAUNCH[@]}" run "$@" &
 LAUNCHER=$!
 track "$LAUNCHER" "the launcher"
 while true; do

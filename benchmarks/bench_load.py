@@ -31,6 +31,9 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 (`nemo_gym.replicas`); the report gives CPU per model call by role (manager, relay, agent, model server, resources
 server, policy server), all of a role's processes together and its busiest one alone. Run it under `taskset -c ...`
 to measure on fewer cores (the report says how many it had).
+`--collect-processes N` has the manager post the rows and read the results in N child processes
+(`nemo_gym.collect_processes`), reported as the role "collect process"; they start with the first batch, so it needs
+`--warmup W`, a first batch of W episodes that is not measured (it may be given alone too, for comparison).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
@@ -165,7 +168,9 @@ def expected_reward(env: str, row: dict[str, Any]) -> float:
 
 
 class FDSampler:
-    """Samples `num_fds()` of a fixed set of processes on a thread; keeps each one's peak and the peak sum."""
+    """Samples `num_fds()` of a fixed set of processes on a thread; keeps each one's peak and the peak sum. The
+    thread's own CPU (`sampler_cpu_s`) is taken out of this process's: the sampler is the benchmark, not the
+    manager."""
 
     def __init__(self, processes: dict[int, str], interval_s: float):
         self.processes = {pid: (name, psutil.Process(pid)) for pid, name in processes.items()}
@@ -176,6 +181,7 @@ class FDSampler:
         self.samples = 0
         self.cpu_start = {pid: _cpu_s(proc) for pid, (_, proc) in self.processes.items()}
         self.cpu_used: dict[int, float] = {}
+        self.sampler_cpu_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fd-sampler", daemon=True)
 
@@ -194,9 +200,11 @@ class FDSampler:
         self.samples += 1
 
     def _run(self) -> None:
+        started = time.thread_time()
         while not self._stop.is_set():
             self._sample()
             self._stop.wait(self.interval_s)
+        self.sampler_cpu_s = time.thread_time() - started
 
     def __enter__(self) -> FDSampler:
         self._sample()
@@ -208,6 +216,9 @@ class FDSampler:
         self._thread.join(5.0)
         self._sample()
         self.cpu_used = {pid: _cpu_s(proc) - self.cpu_start[pid] for pid, (_, proc) in self.processes.items()}
+        own = os.getpid()
+        if own in self.cpu_used:
+            self.cpu_used[own] -= self.sampler_cpu_s
 
     def report(self) -> list[dict[str, Any]]:
         rows = []
@@ -228,6 +239,21 @@ ROLES = {
     "responses_api_models": "model server",
     "resources_servers": "resources server",
 }
+
+
+COLLECT_PROCESS = "collect process"  # the manager's children (`nemo_gym.collect_processes`)
+
+
+def reward_of(result: Any) -> float:
+    """A result's reward: Gym's dict, or the `Episode` a collect process read it into."""
+    return float(result["reward"]) if isinstance(result, dict) else float(result.reward)
+
+
+def model_calls(result: Any) -> int:
+    """A result's model calls: the output items carrying generated tokens, or an `Episode`'s generation segments."""
+    if isinstance(result, dict):
+        return sum(1 for item in result["response"]["output"] if item.get("generation_token_ids") is not None)
+    return len(result.segments[1::2])
 
 
 def cpu_by_role(processes: list[dict[str, Any]], kinds: dict[str, str], calls: int) -> dict[str, dict[str, Any]]:
@@ -310,6 +336,7 @@ def plugin_yaml(
     server_workers: int = 1,
     retries: int = 1,
     replicas: int = 1,
+    collect_processes: int = 0,
 ) -> Path:
     overrides: dict[str, Any] = json.loads(json.dumps(env.overrides))
     if server_workers > 1:
@@ -331,6 +358,7 @@ def plugin_yaml(
             "log_dir": str(log_dir),
             "config_overrides": overrides,
             **({"replicas": {env.agent: replicas}} if replicas > 1 else {}),
+            **({"collect_processes": collect_processes} if collect_processes else {}),
         },
         # The manager's default health-check interval (10 s): at 2 s, three /health probes that a policy server busy
         # with 512 episodes on a loaded 2-core machine answered late (10 s each) aborted the batch (CI, on 2 cores
@@ -391,6 +419,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": args.policy if args.policy_address is None else args.policy_address,
         "server_workers": args.server_workers,
         "replicas": args.replicas,
+        "collect_processes": args.collect_processes,
+        "warmup_episodes": args.warmup,
         "cpus": len(os.sched_getaffinity(0)),
         "direct_to_agent": args.direct_to_agent,
         "episodes": args.episodes,
@@ -428,6 +458,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server_workers=args.server_workers,
         retries=args.retries,
         replicas=args.replicas,
+        collect_processes=args.collect_processes,
     )
     overrides = harness.cpu_trainer_overrides(
         model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
@@ -477,8 +508,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["gym_version"] = runtime.version
             if args.env == "flaky":
                 report["retry_cost"] = retry_cost(manager, dataset, config, args.episodes, args.rounds)
+            if args.warmup:  # a first, small batch: it starts the collect processes, whose CPU is then watched too
+                _, warmup = harness.trainer_batches(dataset, range(args.warmup), config)
+                manager.generate_sequences(warmup)
             _, batch = harness.trainer_batches(dataset, range(args.episodes), config)
-            watched = {psutil.Process().pid: "manager", **server_pids}
+            collectors = runtime.connection.processes
+            watched = {
+                psutil.Process().pid: "manager",
+                **server_pids,
+                **{pid: COLLECT_PROCESS for pid in (collectors.pids if collectors else [])},
+            }
             if policy_pid:
                 watched[policy_pid] = POLICY_SERVER
             with FDSampler(watched, args.sample_interval_s) as sampler:
@@ -486,17 +525,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 output = manager.generate_sequences(batch)
                 wall = time.perf_counter() - t0
             results = manager.last_results
-            rewards = [float(r["reward"]) for r in results if not isinstance(r, EpisodeFailure)]
-            calls = sum(
-                sum(1 for item in r["response"]["output"] if item.get("generation_token_ids") is not None)
-                for r in results
-                if not isinstance(r, EpisodeFailure)
-            )
+            rewards = [reward_of(r) for r in results if not isinstance(r, EpisodeFailure)]
+            calls = sum(model_calls(r) for r in results if not isinstance(r, EpisodeFailure))
             processes = sampler.report()
             orchestration_cpu_s = sum(row["cpu_s"] for row in processes if row["name"] != POLICY_SERVER)
             kinds = {s.name: s.server_type for s in runtime.servers}
             expected = [expected_reward(args.env, row) for row in rows[: args.episodes]]
-            connector = runtime.connection._session.connector  # noqa: SLF001 - the client the rows were posted on
+            if collectors is None:
+                connector = runtime.connection._session.connector  # noqa: SLF001 - the client the rows were posted on
+                limits = {"limit": connector.limit, "limit_per_host": connector.limit_per_host}
+            else:
+                limits = {"collect processes": collectors.count, "each": collectors.limits}
             report.update(
                 {
                     "batch_wall_s": wall,
@@ -513,12 +552,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "rewards_match": rewards == expected,
                     "reward_sum": sum(rewards),
                     "fd_samples": sampler.samples,
+                    "sampler_cpu_s": round(sampler.sampler_cpu_s, 2),
                     "fd_peak_total": sampler.peak_total,
                     "processes": processes,
                     "roles": cpu_by_role(processes, kinds, calls),
                     "routed": dict(runtime.connection.router.routed),
                     "server_connector_limits": server_connector_limits(server_pids),
-                    "manager_connector": {"limit": connector.limit, "limit_per_host": connector.limit_per_host},
+                    "manager_connector": limits,
                 }
             )
         finally:
@@ -548,6 +588,13 @@ def main() -> None:
     parser.add_argument(
         "--replicas", type=int, default=1, help="run the environment's agent as K copies (nemo_gym.replicas)"
     )
+    parser.add_argument(
+        "--collect-processes",
+        type=int,
+        default=0,
+        help="the manager's collect processes (nemo_gym.collect_processes); needs --warmup to watch their CPU",
+    )
+    parser.add_argument("--warmup", type=int, default=0, help="run a batch of this many episodes first (not measured)")
     parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
     parser.add_argument("--ray-address", default=None, help="the Ray to join with --policy-address (default: local)")
@@ -562,6 +609,8 @@ def main() -> None:
         "--direct-to-agent", action="store_true", help="post rows to the agents, not to Gym 0.7's environment servers"
     )
     args = parser.parse_args()
+    if args.collect_processes and not args.warmup:
+        parser.error("--collect-processes needs --warmup: the collect processes start with the first batch")
     if args.nofile is not None:
         # Soft and hard: `ray.init` raises a soft limit to the hard one in the calling process, as on a cluster
         # whose `ulimit -n` is N for both, nothing here can raise it again.

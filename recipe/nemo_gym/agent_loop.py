@@ -44,7 +44,9 @@ Contract with verl (see the README, "How it works"):
 - All NeMo Gym calls run on one event loop this manager owns (the connection's aiohttp session is bound to the
   loop it was made on, and verl's `create` runs on a loop that is closed right after). It is the only
   `BackgroundLoop` in production: the Gym's `GymConnection` borrows it, and its `collect` is awaited on it
-  (`generate_sequences`).
+  (`generate_sequences`). With `nemo_gym.collect_processes: N`, N child processes post the rows and read each result
+  into its `Episode` (`gym/over_http/collect_processes.py`); the loop keeps the routing, retries, deadline and
+  health checks, and packs what they send back.
 
 Environment metrics reach the user's loggers through `meta_info["timing"]`, the one dict verl 0.9.1 copies
 from the rollout into the step's logged metrics: they appear as `timing_s/nemo_gym/...` (see `metrics.py`).
@@ -70,9 +72,10 @@ from recipe.nemo_gym.data_check import DataFilesError, check_data_files, configu
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
-from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureBudget
+from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym.connect import Gym, connect_gym
 from recipe.nemo_gym.gym.over_http.collect import validate_examples
+from recipe.nemo_gym.gym.over_http.collect_processes import EpisodeReading
 from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
 from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.metrics import (
@@ -86,7 +89,7 @@ from recipe.nemo_gym.metrics import (
     validation_extra_info,
 )
 from recipe.nemo_gym.packing.batch import BatchPacker
-from recipe.nemo_gym.packing.episode import Episode, episode_from_result
+from recipe.nemo_gym.packing.episode import Episode, read_episode
 from recipe.nemo_gym.packing.stats import PackStats
 from recipe.nemo_gym.rollout_requests import DO_SAMPLE_KEY, build_example, real_rows, row_samplings
 from recipe.nemo_gym.verl_servers import discover_policy_servers
@@ -156,8 +159,14 @@ class NeMoGymAgentLoopManager:
         self._gym: Gym | None = None
         self._connection: GymConnection | None = None
         self.agent_names: frozenset[str] = frozenset()
-        # The last batch's raw NeMo Gym results and packing statistics, for inspection (the demo writes them out).
-        self.last_results: list[dict[str, Any] | EpisodeFailure] = []
+        # Results are read into episodes by collect processes when the plugin config asks for them.
+        processes = self.plugin_config.nemo_gym.collect_processes
+        self.reading = (
+            EpisodeReading(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None
+        )
+        # The last batch's raw NeMo Gym results (with collect processes: their episodes) and packing statistics, for
+        # inspection (the demo writes them out).
+        self.last_results: list[dict[str, Any] | Episode | EpisodeFailure] = []
         self.last_stats: PackStats | None = None
 
     @classmethod
@@ -275,6 +284,7 @@ class NeMoGymAgentLoopManager:
                 retries=failure_settings.retries,
                 retry_delay_s=failure_settings.retry_delay_s,
                 attempts=attempts,
+                reading=self.reading,
             )
         finally:
             await prefaulted
@@ -285,15 +295,12 @@ class NeMoGymAgentLoopManager:
         failures: list[EpisodeFailure] = []
         for row, result in enumerate(results):
             outcome: Episode | EpisodeFailure
-            if isinstance(result, EpisodeFailure):
+            if isinstance(result, Episode | EpisodeFailure):  # read by a collect process, or failed
                 outcome = result
             else:
-                try:
-                    outcome = episode_from_result(
-                        result, max_prompt_length=self.prompt_length, required_components=self.gdpo_reward_keys
-                    )
-                except EpisodeDataError as e:
-                    outcome = EpisodeFailure(e.cause, e.detail, row=row)
+                outcome = read_episode(
+                    result, row, max_prompt_length=self.prompt_length, required_components=self.gdpo_reward_keys
+                )
             fallback = None
             if isinstance(outcome, EpisodeFailure):
                 logger.warning("NeMo Gym episode failed and is masked: %s", outcome)

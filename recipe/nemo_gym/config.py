@@ -72,6 +72,7 @@ class Attach(_Strict):
 
 
 MAX_REPLICAS = 64
+MAX_COLLECT_PROCESSES = 64
 
 # Settings of the NeMo Gym the plugin starts; an attached Gym runs its own configuration.
 START_ONLY_KEYS = (
@@ -132,6 +133,11 @@ class NeMoGymSection(_Strict):
     """Agents to run as several copies, `{<agent>: K}`: K copies of the agent, each with its own copy of its
     resources server (and of an environment server in front of it), and rows naming the agent spread over them,
     fewest episodes in flight first (`gym/replicas.py`). Rows, data files and metrics still name the agent."""
+
+    collect_processes: int = Field(default=0, ge=0, le=MAX_COLLECT_PROCESSES)
+    """Child processes of the manager that post rows to Gym and read results into episodes
+    (`gym/over_http/collect_processes.py`). 0: the manager's own event loop does it. They pay off where results
+    are long (multi-turn episodes, whose JSON is parsed there) and calls many (benchmarks/README.md)."""
 
     @field_validator("replicas")
     @classmethod

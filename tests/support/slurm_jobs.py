@@ -12,6 +12,7 @@ scripts (`tests/cpu/e2e/test_slurm.py`, `test_slurm_training.py`; their fixtures
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 import warnings
@@ -108,6 +109,18 @@ def submit(
     text = log_path.read_text(errors="replace") if log_path.exists() else "(no log)"
     left = wait_until_gone(cluster, f"{JOB_MARKER}={token}")
     return record, text, left
+
+
+def wait_for_step(cluster, job_log: Path, job_id: str, step: int, timeout_s: float) -> None:
+    """Return once verl's console logger has printed `step` in the job's log (`job_log`, `%j` for the job id); fail if
+    the job ends first or `timeout_s` passes."""
+    log = Path(str(job_log).replace("%j", job_id))
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and re.search(rf"\bstep:{step} - ", log.read_text(errors="replace"))):
+        state = cluster.job(job_id).get("JobState")
+        assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step {step}"
+        assert time.monotonic() < deadline, f"job {job_id} did not train step {step} within {timeout_s} s"
+        time.sleep(1)
 
 
 def job_failure(record: dict, log: str, cluster) -> str:

@@ -4,10 +4,10 @@
 The manager gets a connected Gym from one place, `connect.connect_gym`, which reads the validated plugin YAML. The
 rest is cut by what a reader asks:
 
-- "How do we talk to a running Gym, whoever started it?" `over_http/`: the head server and where each agent's rows
-  go (`client`), a batch run under a deadline (`collect`), the failure cause of a row (`outcomes`), liveness over
-  HTTP of Gym's servers and of verl's policy servers (`health`), and `connection.GymConnection`, which composes
-  them, with `connection.PolicyServers`.
+- "How do we talk to a running Gym, whoever started it?" `over_http/`: the head server and where each agent's rows go
+  (`client`), a batch run under a deadline (`collect`), optionally from child processes (`collect_processes`), the
+  failure cause of a row (`outcomes`), liveness over HTTP of Gym's servers and of verl's policy servers (`health`), and
+  `connection.GymConnection`, which composes them, with `connection.PolicyServers`.
 - "How do we own a Gym process tree?" `owned/`: Gym's Python environment (`environment`), the rules of Gym's the
   plugin mirrors to start it (`seams`), the config it is handed (`job_config`), `launch.OwnedGym` (start,
   supervise, stop), its processes (`processes`), their liveness (`liveness`), and the `watchdog` that kills them

@@ -3,9 +3,10 @@
 
 `episode_from_result(result, max_prompt_length=...)` reads one NeMo Gym result dict (what
 `RolloutCollectionHelper.run_examples` returns per row) and returns an `Episode`, or raises `EpisodeDataError`
-naming the cause. With `return_token_id_information: true` the training model server attaches
-`prompt_token_ids`, `generation_token_ids` and `generation_log_probs` to the last output item of each model call
-in `result["response"]["output"]`; `result["reward"]` is the environment's reward. The episode is the
+naming the cause (`read_episode` returns that fault as the row's `EpisodeFailure`). With
+`return_token_id_information: true` the training model server attaches `prompt_token_ids`, `generation_token_ids`
+and `generation_log_probs` to the last output item of each model call in `result["response"]["output"]`;
+`result["reward"]` is the environment's reward. The episode is the
 alternating segments
 
     prompt(call 1) | generation(call 1) | prompt delta(call 2) | generation(call 2) | ... | generation(call n)
@@ -42,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from recipe.nemo_gym.failures import EpisodeDataError, FailureCause
+from recipe.nemo_gym.failures import EpisodeDataError, EpisodeFailure, FailureCause
 from recipe.nemo_gym.token_fields import GENERATION_IDS_KEY, GENERATION_LOGPROBS_KEY, PROMPT_IDS_KEY, TOKEN_FIELDS
 
-__all__ = ["Episode", "Segment", "SegmentKind", "episode_from_result"]
+__all__ = ["Episode", "Segment", "SegmentKind", "episode_from_result", "read_episode"]
 
 _TOKEN_FIELD_SET = frozenset(TOKEN_FIELDS)
 
@@ -340,3 +341,18 @@ def episode_from_result(
         stopped_on_length=bool(response.get("incomplete_details")),
         reward_components=reward_components,
     )
+
+
+def read_episode(
+    result: Mapping[str, Any],
+    row: int,
+    *,
+    max_prompt_length: int | None = None,
+    required_components: Sequence[str] = (),
+) -> Episode | EpisodeFailure:
+    """`episode_from_result`, with a data fault returned as batch row `row`'s `EpisodeFailure` instead of raised:
+    what the manager trains on, or masks, for each result (read in its own process or in a collect process)."""
+    try:
+        return episode_from_result(result, max_prompt_length=max_prompt_length, required_components=required_components)
+    except EpisodeDataError as e:
+        return EpisodeFailure(e.cause, e.detail, row=row)

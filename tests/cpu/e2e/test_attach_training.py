@@ -5,16 +5,18 @@
 Path under test (nothing replaced; vLLM is its CPU build): a Gym 0.7 started with docs/attach-mode.md's `gym env start`
 command (`external_gym.py`; offline venv links are the one difference) running `example_single_tool_call` (a real
 `get_weather` call between two model calls); `main_ppo` with the plugin in attach mode: verl's vLLM rollout plays a
-scripted tool call and answer (log-probs the model's own), the manager publishes the rollout server's address in
-Gym's endpoint file, and the trainer updates the weights the next step's rollout uses. Once step 2 is logged the
-test SIGKILLs the job's `vLLMHttpServer` actor (the policy server): the plugin's fault, as users meet it, injected
-into a running `main_ppo` run through the launcher, with the demo's console after it.
+scripted tool call and answer (log-probs the model's own), the manager publishes the rollout server's address in Gym's
+endpoint file, posts the rows and reads the results through two collect processes (`nemo_gym.collect_processes: 2`), and
+the trainer updates the weights the next step's rollout uses. Once step 2 is logged the test SIGKILLs the job's
+`vLLMHttpServer` actor (the policy server): the plugin's fault, as users meet it, injected into a running `main_ppo` run
+through the launcher, with the demo's console after it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -85,7 +87,7 @@ def run(tmp_path_factory):
         train = write_jsonl(rows(), out / "train.jsonl")
         plugin = out / "attach.yaml"
         plugin.write_text(
-            f"nemo_gym:\n  attach:\n    head_server_url: {gym.url}\n"
+            f"nemo_gym:\n  attach:\n    head_server_url: {gym.url}\n  collect_processes: 2\n"
             "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
             "failures: {max_fraction: 0.0}\n"
         )
@@ -129,6 +131,9 @@ def test_main_ppo_trains_two_steps_against_an_attached_gym(run):
         # Token-exact through the attached Gym: the actor's log-probs equal the rollout's.
         assert data["training/rollout_probs_diff_max"] < 1e-6
         assert data["actor/grad_norm"] > 0
+    # The rows were posted, and the results read into episodes, by the manager's two collect processes.
+    log = spec.log_file.read_text(errors="replace")
+    assert re.search(r"NeMo Gym: 2 collect processes post the rows and read the results \(pids \d+, \d+;", log)
 
 
 def test_a_policy_server_killed_while_training_ends_the_job_naming_it_and_leaves_nothing(run):

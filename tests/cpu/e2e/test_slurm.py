@@ -201,23 +201,31 @@ def stub_modules(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(folder), "NG_CPU_BACKEND_MODULE": "stub_backend", "NG_TRAINER_MODULE": "stub_trainer"}
 
 
-def cancel_once_training(cluster, report: Path, timeout_s: float = 400):
-    """A `while_running` callback: scancel the job once the stub trainer has written its report. A job that ended
-    before is left to the caller's checks (and to `submit_ray_job`'s one retry, if Ray missed its start-up deadline)."""
+def once_training(cluster, report: Path, act, timeout_s: float = 400):
+    """A `while_running` callback: `act(job_id)` once the stub trainer has written its report. A job that ended before
+    is left to the caller's checks (and to `submit_ray_job`'s one retry, if Ray missed its start-up deadline)."""
 
-    def cancel(job_id: str) -> None:
+    def wait_then_act(job_id: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not report.exists():
             if cluster.job(job_id).get("JobState") in slurm_cluster.FINAL_STATES:
                 return
             assert time.monotonic() < deadline, f"job {job_id} did not start training within {timeout_s} s"
             time.sleep(1)
-        cluster.run("scancel", job_id)
+        act(job_id)
 
-    return cancel
+    return wait_then_act
 
 
-@pytest.mark.parametrize("outcome", ["trainer-succeeds", "trainer-fails", "job-cancelled"])
+def kill_ray_head(cluster, job_id: str) -> None:
+    """SIGKILL the job's `ray start --head --block`: its srun step ends, as when the head node's Ray dies."""
+    heads = [p for p in cluster.processes(f"SLURM_JOB_ID={job_id}") if {"start", "--head"} <= set(p.cmdline())]
+    assert heads, f"job {job_id} has no `ray start --head` process"
+    for process in heads:
+        process.kill()
+
+
+@pytest.mark.parametrize("outcome", ["trainer-succeeds", "trainer-fails", "job-cancelled", "ray-head-dies"])
 def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tmp_path, ray_temp_dir, outcome):
     job = write_job(tmp_path, ray_temp_dir, backend="cpu", cluster__ray_num_cpus=6)
     report = tmp_path / "report.json"
@@ -226,11 +234,14 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         tmp_path,
         SUBMIT,
         timeout_s=600,
-        while_running=cancel_once_training(slurm, report) if outcome == "job-cancelled" else None,
+        while_running={
+            "job-cancelled": once_training(slurm, report, lambda job_id: slurm.run("scancel", job_id)),
+            "ray-head-dies": once_training(slurm, report, lambda job_id: kill_ray_head(slurm, job_id)),
+        }.get(outcome),
         JOB=str(job),
         STUB_REPORT=str(report),
         STUB_TRAINER_EXIT="3" if outcome == "trainer-fails" else "0",
-        STUB_TRAINER_SLEEP="600" if outcome == "job-cancelled" else "0",
+        STUB_TRAINER_SLEEP="600" if outcome in ("job-cancelled", "ray-head-dies") else "0",
         CUDA_VISIBLE_DEVICES="",  # as some CPU setups export it: Ray would refuse its logical GPU
         **stub_modules(tmp_path),
     )
@@ -244,6 +255,16 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         assert log.rstrip().splitlines()[-2:] == [
             "launch: the trainer failed (exit status 3); its error, from the end of its output:",
             "launch:   RuntimeError: stub trainer: the cause a user must see",
+        ], failure
+    elif outcome == "ray-head-dies":
+        # The bootstrap stops the launcher's step with SIGTERM (not srun's SIGKILL): the launcher stops the trainer
+        # and says how the job ended, then the bootstrap's last line names the Ray piece that died.
+        assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", failure
+        assert "launch: SIGTERM received: SIGINT to the trainer" in log, failure
+        assert "forcing job termination" not in log, failure  # the head's srun was gone: none was killed
+        assert log.rstrip().splitlines()[-2:] == [
+            "launch: the job was stopped by SIGTERM (exit status 143)",
+            f"ray_on_slurm: ERROR: the job failed because the Ray head on {slurm.node} exited while the job ran",
         ], failure
     else:
         # Slurm signals every process of the batch step at once (the script, the launcher, the trainer, srun); the

@@ -20,9 +20,8 @@ import psutil
 import pytest
 
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
-from tests.support import slurm_cluster
 from tests.support.helpers import processes_with_env
-from tests.support.slurm_jobs import SUBMIT, job_failure, submit_ray_job, write_job
+from tests.support.slurm_jobs import SUBMIT, job_failure, submit_ray_job, wait_for_step, write_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("user_ray_auth_environment")]
 
@@ -58,13 +57,7 @@ def kill_after_step_1(cluster, job_log: Path, server: str, timeout_s: float = 12
     NEMO_GYM_CONFIG_PATH; the job's, by Slurm's SLURM_JOB_ID there)."""
 
     def kill(job_id: str) -> None:
-        log = Path(str(job_log).replace("%j", job_id))
-        deadline = time.monotonic() + timeout_s
-        while not (log.exists() and re.search(r"\bstep:1 - ", log.read_text(errors="replace"))):
-            state = cluster.job(job_id).get("JobState")
-            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step 1"
-            assert time.monotonic() < deadline, f"job {job_id} did not train step 1 within {timeout_s} s"
-            time.sleep(1)
+        wait_for_step(cluster, job_log, job_id, 1, timeout_s)
         killed = []
         for proc in processes_with_env("NEMO_GYM_CONFIG_PATH", server):
             with contextlib.suppress(psutil.Error):

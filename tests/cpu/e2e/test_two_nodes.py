@@ -12,15 +12,16 @@ the bridge's address. Nothing is replaced: the jobs are submitted the way users 
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
   puts a relay in front of the two servers and hands Gym its address.
 Once step 2 is logged the test kills node2's Ray (every process of node2 but slurmd and its step daemons: a node lost
-mid-step). The job must end, FAILED, within the bootstrap's grace, its last line naming node2, and leave nothing on
-any node: no process in node1's or node2's namespace but slurmd, an empty temporary folder and /dev/shm on each. The
-attached Gym keeps running for the next trainer until its own job is cancelled; then the CPU node is left clean too.
-(A job that completes is the one-node tests' case: `test_slurm.py`, `test_main_ppo.py`.) The test prints the nodes'
-addresses, the job's wall time and the machine's peak memory while it ran.
+mid-step). The job must end, FAILED, within the bootstrap's grace, the launcher saying it was stopped and the last line
+naming node2, and leave nothing on any node: no process in node1's or node2's namespace but slurmd, an empty temporary
+folder and /dev/shm on each. The attached Gym keeps running for the next trainer until its own job is cancelled; then
+the CPU node is left clean too. (A job that completes is the one-node tests' case: `test_slurm.py`, `test_main_ppo.py`.)
+The test prints the nodes' addresses, the job's wall time and the machine's peak memory while it ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -33,12 +34,14 @@ import psutil
 import pytest
 
 from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support import netns_nodes, slurm_cluster, slurm_jobs
 from tests.support.external_gym import attach_command, gym_bin_dir, offline_gym_arguments
 from tests.support.helpers import REPO_ROOT
 from tests.support.netns_nodes import NodeNetwork
+from tests.support.suite_cost import memory_in_use
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("user_ray_auth_environment"), pytest.mark.timeout(1800)]
 
@@ -102,16 +105,10 @@ def wait_for_gym(cluster, job_id: str, url_host: str, timeout_s: float = 300) ->
             servers = head.instances()
         except OSError:
             servers = []
-        if servers and all(psutil_port_open(s.host, s.port) for s in servers):
+        if servers and all(http_alive(s.host, s.port, 2.0) for s in servers):
             return servers
         assert time.monotonic() < deadline, f"the Gym job {job_id} was not ready within {timeout_s:g} s"
         time.sleep(2)
-
-
-def psutil_port_open(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex((host, port)) == 0
 
 
 class MemoryPeak:
@@ -124,8 +121,7 @@ class MemoryPeak:
 
     def _sample(self) -> None:
         while not self._stop.wait(1.0):
-            memory = psutil.virtual_memory()
-            self.peak = max(self.peak, memory.total - memory.available)
+            self.peak = max(self.peak, memory_in_use(Path("/proc/meminfo").read_text()))  # the suite's figure
 
     def __enter__(self) -> MemoryPeak:
         self._thread.start()
@@ -136,17 +132,15 @@ class MemoryPeak:
         self._thread.join()
 
 
-def node_processes(cluster, node: str) -> list[str]:
-    """The processes in `node`'s namespace other than its Slurm daemons, described."""
-    left = []
+def node_processes(cluster, node: str) -> list[psutil.Process]:
+    """The live processes in `node`'s namespace other than its Slurm daemons."""
+    found = []
     for pid in cluster.network.pids(node):
-        try:
+        with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             if process.name() not in NODE_DAEMONS and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid} {' '.join(process.cmdline())[:160]}")
-        except psutil.Error:
-            continue
-    return left
+                found.append(process)
+    return found
 
 
 def kill_node_ray_after_step_2(cluster, job_log: Path, node: str, timeout_s: float = 1500):
@@ -155,21 +149,11 @@ def kill_node_ray_after_step_2(cluster, job_log: Path, node: str, timeout_s: flo
     killed: list[str] = []
 
     def kill(job_id: str) -> None:
-        log = Path(str(job_log).replace("%j", job_id))
-        deadline = time.monotonic() + timeout_s
-        while not (log.exists() and re.search(r"\bstep:2 - ", log.read_text(errors="replace"))):
-            state = cluster.job(job_id).get("JobState")
-            assert state not in slurm_cluster.FINAL_STATES, f"job {job_id} ended ({state}) before step 2"
-            assert time.monotonic() < deadline, f"job {job_id} did not train step 2 within {timeout_s} s"
-            time.sleep(1)
-        for pid in cluster.network.pids(node):
-            try:
-                process = psutil.Process(pid)
-                if process.name() not in NODE_DAEMONS:
-                    killed.append(f"{pid} {' '.join(process.cmdline())[:80]}")
-                    process.kill()
-            except psutil.Error:
-                continue
+        slurm_jobs.wait_for_step(cluster, job_log, job_id, 2, timeout_s)
+        for process in node_processes(cluster, node):
+            with contextlib.suppress(psutil.Error):
+                killed.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+                process.kill()
         killed.append(f"at {time.monotonic():.1f}")
 
     kill.killed = killed
@@ -243,7 +227,7 @@ def run(nodes, tmp_path_factory):
                 TMPDIR=str(network.node_temp),  # each node's own /tmp, as on a cluster
             )
         wall_s = time.monotonic() - started
-        after = {node: node_processes(cluster, node) for node in TRAINERS}
+        after = {node: cluster.describe(node_processes(cluster, node)) for node in TRAINERS}
         gym_alive = (
             cluster.job(gym_job).get("JobState") == "RUNNING"
             and HeadClient(network.addresses[GYM_NODE], GYM_PORT, timeout_s=5.0).instances()
@@ -253,7 +237,7 @@ def run(nodes, tmp_path_factory):
             f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill.killed}"
         )
         gym_record = stop_gym_job(cluster, gym_job)
-        gym_after = node_processes(cluster, GYM_NODE)
+        gym_after = cluster.describe(node_processes(cluster, GYM_NODE))
         yield {
             "record": record, "log": log, "left": left, "after": after, "servers": servers, "gym_alive": gym_alive,
             "killed": kill.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
@@ -304,9 +288,14 @@ def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_
     failure = "\n".join(log.splitlines()[-80:])
     assert len(run["killed"]) > 1, "nothing of node2 was killed"
     assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", failure
-    assert log.rstrip().splitlines()[-1] == (
-        "ray_on_slurm: ERROR: the job failed because the Ray worker on node2 exited while the job ran"
-    ), failure
+    # The launcher was stopped with SIGTERM to its step (not killed by srun with it), so it stopped the trainer and
+    # said how the job ended; the bootstrap's line naming the node comes last.
+    assert "launch: SIGTERM received: SIGINT to the trainer" in log, failure
+    assert re.search(r"^launch: the trainer stopped [\d.]+ s after SIGINT$", log, re.MULTILINE), failure
+    assert log.rstrip().splitlines()[-2:] == [
+        "launch: the job was stopped by SIGTERM (exit status 143)",
+        "ray_on_slurm: ERROR: the job failed because the Ray worker on node2 exited while the job ran",
+    ], failure
     assert run["left"] == [], f"left running after the job: {run['left']}"
     assert run["after"] == {node: [] for node in TRAINERS}, "processes left on the training nodes"
     for node in TRAINERS:
@@ -316,8 +305,16 @@ def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_
 
 def test_the_gym_on_the_cpu_node_outlives_the_trainer_and_stops_with_its_own_job_leaving_its_node_clean(run):
     assert run["gym_alive"], "the attached Gym's job ended with the trainer's"
-    # The manager's node died with it, so nothing emptied the endpoint file: the next trainer's address replaces it.
-    assert run["endpoint_file"].read_text().startswith("http://")
+    # Ray places verl's TaskRunner (the manager, and the relay Gym was handed) on either node. Where it ran on node2,
+    # it died with the node and nothing emptied the endpoint file (the next trainer's address replaces it); where it
+    # ran on node1, it stopped with the job and withdrew its address.
+    relay = re.search(r"policy http://([\d.]+):\d+/v1 published in", run["log"])
+    assert relay, "the manager published no address"
+    published = run["endpoint_file"].read_text()
+    if relay[1] == run["network"].addresses["node2"]:
+        assert published.startswith(f"http://{relay[1]}:"), published
+    else:
+        assert published.strip() == "", published
     assert run["gym_record"]["JobState"] == "COMPLETED", run["gym_record"]  # SIGINT: Gym's orderly stop
     assert run["gym_after"] == []
     network = run["network"]

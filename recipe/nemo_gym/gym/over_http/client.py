@@ -10,14 +10,14 @@ Contract:
   `run_targets(config, instances)` maps each agent to the URL its rows are posted to: the one environment server
   in front of it where the configuration has one (Gym 0.7 generates a `legacy_agent` relay for every agent a
   config leaves without one), else the agent itself (0.4). Rows go where Gym's own collector would send them.
-- `make_post_run(session, targets)` posts one row (with the row indices Gym's collector would add) to its target's
-  `/run` on an aiohttp session the caller owns and returns the agent's result or the row's `EpisodeFailure`
-  (`outcomes.py` decides the cause): an HTTP error status, a body that is not a JSON object, a failure Gym reported on
-  an HTTP 200 row, a prompt refused as too long. A connection that cannot be made is retried `CONNECT_RETRIES` times
-  (nothing was sent), then the row fails; a connection dropped mid-request fails the row at once, as a
-  SERVER_ERROR. Whether such a row is run again is decided above this, for every infrastructure cause alike
-  (`failures.retries`, `collect.run_examples_in_order`): a second run is a new episode, never a resumed one, and
-  only the last run's result is trained on. The batch's deadline and health checks (`collect.py`) bound the rest.
+- `post_row` posts one row (with the row indices Gym's collector would add) to its target's `/run` on an aiohttp session
+  the caller owns (`make_post_run` binds it to a session and a router) and returns the agent's result or the row's
+  `EpisodeFailure` (`outcomes.py` decides the cause): an HTTP error status, a body that is not a JSON object, a failure
+  Gym reported on an HTTP 200 row, a prompt refused as too long. A connection that cannot be made is retried
+  `CONNECT_RETRIES` times (nothing was sent), then the row fails; a connection dropped mid-request fails the row at
+  once, as a SERVER_ERROR. Whether such a row is run again is decided above this, for every infrastructure cause alike
+  (`failures.retries`, `collect.run_examples_in_order`): a second run is a new episode, never a resumed one, and only
+  the last run's result is trained on. The batch's deadline and health checks (`collect.py`) bound the rest.
 """
 
 from __future__ import annotations
@@ -231,14 +231,16 @@ def make_post_run(session: Any, router: LeastBusy[RunTarget]) -> Callable[[int, 
     async def post_run(index: int, row: Mapping[str, Any]) -> dict[str, Any] | EpisodeFailure:
         agent = row["agent_ref"]["name"]
         with router.route(agent) as target:
-            return await _post_row(session, target, agent, index, row)
+            return await post_row(session, target, agent, index, row)
 
     return post_run
 
 
-async def _post_row(
+async def post_row(
     session: Any, target: RunTarget, agent: str, index: int, row: Mapping[str, Any]
 ) -> dict[str, Any] | EpisodeFailure:
+    """Post batch row `index` (which names `agent`) to `target`'s `/run` on `session`; its result or its failure (see
+    the module docstring). The one way a row is posted: in the manager, or in a collect process."""
     import aiohttp
 
     # Failures name the agent the row names, and the server that answered: its environment server, or its copy.

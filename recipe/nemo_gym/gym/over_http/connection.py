@@ -17,6 +17,10 @@ Contract:
   `close()`, or by the owning Gym as its stop begins), `collect` raises `RolloutAborted`.
 - While a batch waits, `collect` runs `check_gym` and probes verl's policy servers (`health.PolicyWatch`:
   `timeouts.policy_health_failures` consecutive probes without an answer abort the batch).
+- `collect(..., reading=EpisodeReading(processes=N, ...))` posts the rows and reads their results from N collect
+  processes (`collect_processes.py`, started at the first such batch and kept until `close()`): each outcome is then
+  an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on the loop and
+  results come back as Gym's dicts.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from recipe.nemo_gym.gym.over_http.client import (
     run_targets,
 )
 from recipe.nemo_gym.gym.over_http.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses, EpisodeReading
 from recipe.nemo_gym.gym.over_http.health import PolicyWatch
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_of
 from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
@@ -89,6 +94,7 @@ class GymConnection:
         self._connector_limits = dict(connector_limits)
         self.not_before = not_before  # monotonic time; rows wait for it (see the module docstring)
         self._session: Any = None
+        self.processes: CollectProcesses | None = None  # the collect processes, once a batch has asked for them
         self.router: LeastBusy[RunTarget] | None = None  # the last batch's: how many rows went to each agent copy
         self.closed = False
 
@@ -133,8 +139,10 @@ class GymConnection:
         retries: int = 0,
         retry_delay_s: float = 0.0,
         attempts: list[int] | None = None,
+        reading: EpisodeReading | None = None,
     ) -> list[RowOutcome]:
         """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
+        With `reading`, rows are posted and read into episodes by collect processes (see the module docstring).
 
         The times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
         the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
@@ -150,8 +158,16 @@ class GymConnection:
         wait = self.not_before - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
-        if self._session is None:
-            self._session = client_session(self._connector_limits)
+        self.router = LeastBusy(replica_groups(self.targets))
+        if reading is not None and reading.processes > 0:
+            if self.processes is None:
+                self.processes = CollectProcesses(reading.processes, self._connector_limits)
+                await self.processes.start()
+            post_run = self.processes.post_run(self.router, reading)
+        else:
+            if self._session is None:
+                self._session = client_session(self._connector_limits)
+            post_run = make_post_run(self._session, self.router)
         timeouts = self._timeouts
         watch = PolicyWatch(self.policy.base_urls, timeouts.policy_health_timeout_s, timeouts.policy_health_failures)
 
@@ -160,10 +176,9 @@ class GymConnection:
             # Gym's model server retries a policy server that does not answer forever: watch those too.
             await watch.check()
 
-        self.router = LeastBusy(replica_groups(self.targets))
         return await run_examples_in_order(
             examples,
-            post_run=make_post_run(self._session, self.router),
+            post_run=post_run,
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
@@ -174,17 +189,22 @@ class GymConnection:
         )
 
     def close(self) -> None:
-        """No batch after this; the HTTP session is closed on the loop (if it still runs). Idempotent."""
+        """No batch after this; the HTTP session and the collect processes are closed on the loop (if it still runs;
+        collect processes whose parent's loop is gone see their sockets close and exit). Idempotent."""
         self.closed = True
         session, self._session = self._session, None
-        if session is None or self.loop.closed:
+        processes, self.processes = self.processes, None
+        if (session is None and processes is None) or self.loop.closed:
             return
 
         async def _close() -> None:
-            await session.close()
+            if session is not None:
+                await session.close()
+            if processes is not None:
+                await processes.close()
 
         with contextlib.suppress(Exception):
-            self.loop.run(_close(), timeout=5.0, what="closing the NeMo Gym HTTP session")
+            self.loop.run(_close(), timeout=30.0, what="closing the NeMo Gym HTTP session and collect processes")
 
 
 def client_session(overrides: Mapping[str, Any]) -> Any:
