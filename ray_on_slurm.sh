@@ -64,8 +64,8 @@ export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
 PIDS=() NAMES=()
 track() { PIDS+=("$1") && NAMES+=("$2"); }
 LAUNCHER_STEP=nemo-gym-launcher
-# srun answers SIGTERM by killing its step's tasks at once (SIGKILL, "srun: forcing job termination"; Slurm 22.05
-# to 24.11), which would leave the launcher no time to stop the trainer and say how the job ended: the launcher's
+# srun answers SIGTERM by killing its step's tasks at once (SIGKILL, "srun: forcing job termination"; seen with
+# Slurm 22.05), which would leave the launcher no time to stop the trainer and say how the job ended: the launcher's
 # SIGTERM goes to its step instead, through scancel, and its srun ends when the launcher does.
 term_launcher() {  # pid
     local step=""

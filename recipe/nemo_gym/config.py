@@ -136,8 +136,9 @@ class NeMoGymSection(_Strict):
 
     collect_processes: int = Field(default=0, ge=0, le=MAX_COLLECT_PROCESSES)
     """Child processes of the manager that post rows to Gym and read results into episodes
-    (`gym/over_http/collect_processes.py`). 0: the manager's own event loop does it. They pay off where results
-    are long (multi-turn episodes, whose JSON is parsed there) and calls many (benchmarks/README.md)."""
+    (`gym/over_http/collect_processes.py`). 0: the manager's own event loop does it. They are for long results
+    (multi-turn episodes, whose JSON they parse) and many calls; on short episodes they cost more CPU than they take
+    off the manager (benchmarks/README.md)."""
 
     @field_validator("replicas")
     @classmethod
