@@ -34,6 +34,10 @@ to measure on fewer cores (the report says how many it had).
 `--collect-processes N` has the manager post the rows and read the results in N child processes
 (`nemo_gym.collect_processes`), reported as the role "collect process"; they start with the first batch, so it needs
 `--warmup W`, a first batch of W episodes that is not measured (it may be given alone too, for comparison).
+`--turns T --filler-words W` (`--env weather`) makes each episode T model calls, each tool call written after W
+words, so that results grow long (each call's prompt token IDs are in the result): verl's response length is sized
+to hold the episode (`response_length`), and the tiny model's 8,192-token context must hold the last call's prompt
+plus that length (T=8 with W=100 fits: about 2,600 tokens an episode).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
