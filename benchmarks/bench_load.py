@@ -34,6 +34,10 @@ to measure on fewer cores (the report says how many it had).
 `--collect-processes N` has the manager post the rows and read the results in N child processes
 (`nemo_gym.collect_processes`), reported as the role "collect process"; they start with the first batch, so it needs
 `--warmup W`, a first batch of W episodes that is not measured (it may be given alone too, for comparison).
+`--turns T --filler-words W` (`--env weather`) makes each episode T model calls, each tool call written after W
+words, so that results grow long (each call's prompt token IDs are in the result): verl's response length is sized
+to hold the episode (`response_length`), and the tiny model's 8,192-token context must hold the last call's prompt
+plus that length (T=8 with W=100 fits: about 2,600 tokens an episode).
 `--direct-to-agent` posts rows to the agents themselves, past Gym 0.7's environment servers (a comparison only).
 `--nemo-gym-default-limits` sets NeMo Gym's own default connector limits in `nemo_gym.config_overrides` (the
 user's keys win over the derived ones), for comparison. `--json PATH` writes the report as JSON (the load
@@ -125,22 +129,23 @@ POLICY_OVERRIDES = ["actor_rollout_ref.rollout.max_num_seqs=256"]
 backend's 32 queued them: about 1.3 episodes/s)."""
 
 
-def weather_policy() -> Any:
-    """Scripted policy for the weather rows: call get_weather, then answer once the tool result is in."""
+def weather_policy(turns: int = 2, filler_words: int = 0) -> Any:
+    """Scripted policy for the weather rows: call get_weather `turns - 1` times, each call after `filler_words` words
+    of text, then answer once the last tool result is in. The default is the environment's own episode (2 calls)."""
     from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptMatch, ScriptRule
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco"}}\n</tool_call>'
+    filler = " ".join(f"step{i % 97}" for i in range(filler_words))
     return ScriptedPolicy(
         rules=[
             ScriptRule(
-                name="tool result seen: answer",
-                when=ScriptMatch(last_message_regex="<tool_response>"),
+                name="last tool result seen: answer",
+                when=ScriptMatch(last_message_regex="<tool_response>", assistant_turns=turns - 1),
                 completion=ScriptCompletion(text="It is cold in San Francisco: take a coat."),
             ),
             ScriptRule(
-                name="first turn: call the tool",
-                when=ScriptMatch(assistant_turns=0),
-                completion=ScriptCompletion(text=call),
+                name="call the tool",
+                completion=ScriptCompletion(text=f"{filler}\n{call}" if filler else call),
             ),
         ]
     )
@@ -153,12 +158,12 @@ def uppercase_policy() -> Any:
     return ScriptedPolicy(rules=[ScriptRule(name="shout", completion=ScriptCompletion(text="PARIS"))])
 
 
-def policy_for(env: str) -> Any:
+def policy_for(env: str, turns: int = 2, filler_words: int = 0) -> Any:
     from tests.support.cpu_policy.episodes import example_episodes_policy
 
     if env in ("uppercase", "flaky"):
         return uppercase_policy()
-    return weather_policy() if env == "weather" else example_episodes_policy()
+    return weather_policy(turns, filler_words) if env == "weather" else example_episodes_policy()
 
 
 def expected_reward(env: str, row: dict[str, Any]) -> float:
@@ -443,9 +448,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for row in failing:
             row["responses_create_params"]["input"][-1]["content"] += f" FAIL_RATE_{args.transient_failure_pct}"
         rows += failing
+    policy = policy_for(args.env, args.turns, args.filler_words)
     if args.policy_address is not None:
         # A running verl vLLM server (the suite's shared engine) plays the script each request names.
-        script = policy_for(args.env).to_file(tmp / "script.json")
+        script = policy.to_file(tmp / "script.json")
         rows = [scripted_row(row, script) for row in rows]
     data = write_jsonl(rows, tmp / "rows.jsonl")
     config_path = plugin_yaml(
@@ -461,7 +467,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         collect_processes=args.collect_processes,
     )
     overrides = harness.cpu_trainer_overrides(
-        model_dir, config_path, prompt_length=1024, response_length=256, n=1, batch_size=args.episodes
+        model_dir, config_path, prompt_length=1024, response_length=response_length(args), n=1, batch_size=args.episodes
     )
     # The rollout keys are only read when the policy is started here (verl's standalone rollout).
     config = harness.compose_verl_config([*overrides, *standalone_overrides(scripted=True), *POLICY_OVERRIDES])
@@ -475,12 +481,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from tests.support.cpu_policy.server import CPUPolicyServer
 
             init_local_ray()  # for verl's load balancer actor, which lists the server
-            server = stack.enter_context(CPUPolicyServer(model_dir, script=policy_for(args.env)))
+            server = stack.enter_context(CPUPolicyServer(model_dir, script=policy))
             policy_address, policy_pid = f"{server.host}:{server.port}", server.proc.pid
             logs.append(server.log_path)
         elif args.policy_address is None:
             init_local_ray()
-            script = policy_for(args.env).to_file(tmp / "script.json")
+            script = policy.to_file(tmp / "script.json")
             rollout = stack.enter_context(verl_rollout(config, script_file=script))
             policy_address, policy_pid = rollout.addresses[0], rollout.server_pid()
             logs.append(rollout.server_log())
@@ -541,6 +547,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "batch_wall_s": wall,
                     "episodes_per_s": args.episodes / wall,
                     "model_calls": calls,
+                    "tokens_per_episode": float(output.batch["attention_mask"].sum(-1).float().mean()),
                     "calls_per_s": calls / wall,
                     # CPU of the manager and every Gym server process (the policy server's aside) per model call.
                     "orchestration_cpu_ms_per_call": 1000 * orchestration_cpu_s / max(calls, 1),
@@ -569,6 +576,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def response_length(args: argparse.Namespace) -> int:
+    """verl's response length for the batch: 256, or room for `--turns` calls of `--filler-words` words each (a word
+    and its space about 3 tokens, a call and its tool result about 100), rounded up to a multiple of 256."""
+    needed = args.turns * (3 * args.filler_words + 100)
+    return max(256, -(-needed // 256) * 256)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=512)
@@ -594,6 +608,10 @@ def main() -> None:
         default=0,
         help="the manager's collect processes (nemo_gym.collect_processes); needs --warmup to watch their CPU",
     )
+    parser.add_argument("--turns", type=int, default=2, help="--env weather: model calls per episode")
+    parser.add_argument(
+        "--filler-words", type=int, default=0, help="--env weather: words the policy writes before each tool call"
+    )
     parser.add_argument("--warmup", type=int, default=0, help="run a batch of this many episodes first (not measured)")
     parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
@@ -609,6 +627,10 @@ def main() -> None:
         "--direct-to-agent", action="store_true", help="post rows to the agents, not to Gym 0.7's environment servers"
     )
     args = parser.parse_args()
+    if (args.turns != 2 or args.filler_words) and args.env != "weather":
+        parser.error("--turns and --filler-words are for --env weather")
+    if args.turns < 1:
+        parser.error("--turns must be at least 1")
     if args.collect_processes and not args.warmup:
         parser.error("--collect-processes needs --warmup: the collect processes start with the first batch")
     if args.nofile is not None:
@@ -626,7 +648,8 @@ def main() -> None:
     )
     print(
         f"NeMo Gym {report['gym_version']}: {report['model_calls']} model calls, {report['calls_per_s']:.1f} calls/s, "
-        f"{report['orchestration_cpu_ms_per_call']:.1f} CPU-ms per call in the manager and Gym's servers"
+        f"{report['orchestration_cpu_ms_per_call']:.1f} CPU-ms per call in the manager and Gym's servers; "
+        f"{report['tokens_per_episode']:.0f} tokens per episode"
     )
     print(f"manager connector: {report['manager_connector']}; servers: {report['server_connector_limits']}")
     print(f"peak open FDs, all watched processes together: {report['fd_peak_total']} ({report['fd_samples']} samples)")

@@ -132,9 +132,22 @@ async def run_examples_in_order(
     if health_check is not None:
         await _health_or_abort(health_check, pending=n, total=n)
     # Not `asyncio.timeout`/`TaskGroup`: the wait wakes every interval for health checks and progress, and a row's
-    # failure is its outcome, not an exception that should cancel the others.
+    # failure is its outcome, not an exception that should cancel the others. Not `asyncio.wait(FIRST_COMPLETED)`
+    # either: it registers and removes a callback on every pending task at each wake-up, O(rows) per finished row.
+    # Each task instead reports itself once, when it ends, to `finished`, and the loop takes what is there.
     deadline = loop.time() + deadline_s
-    tasks = {asyncio.create_task(one(i), name=f"nemo-gym-row-{i}"): i for i in range(n)}
+    finished: list[asyncio.Task] = []
+    woken = asyncio.Event()
+
+    def report(task: asyncio.Task) -> None:
+        finished.append(task)
+        woken.set()
+
+    tasks: dict[asyncio.Task, int] = {}
+    for i in range(n):
+        task = asyncio.create_task(one(i), name=f"nemo-gym-row-{i}")
+        task.add_done_callback(report)
+        tasks[task] = i
     pending = set(tasks)
     failed = 0
     try:
@@ -160,10 +173,18 @@ async def run_examples_in_order(
                     f"NeMo Gym batch passed its deadline of {deadline_s:g}s with {len(pending)} of {n} episodes "
                     f"pending (rows {shown}); they were cancelled"
                 )
-            done, pending = await asyncio.wait(
-                pending, timeout=min(health_check_interval_s, remaining), return_when=asyncio.FIRST_COMPLETED
-            )
+            if not finished:
+                try:
+                    await asyncio.wait_for(woken.wait(), timeout=min(health_check_interval_s, remaining))
+                except TimeoutError:
+                    pass
+            woken.clear()
+            done = finished.copy()
+            finished.clear()
             for task in done:
+                if task not in pending:  # a retry cut at the deadline: its outcome is already kept
+                    continue
+                pending.discard(task)
                 outcome = outcomes[tasks[task]] = task.result()
                 failed += isinstance(outcome, EpisodeFailure)
             if progress is not None:

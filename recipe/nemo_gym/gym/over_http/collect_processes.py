@@ -9,12 +9,13 @@ arrays) crosses a socket in about 0.15 ms. With `nemo_gym.collect_processes: N` 
 manager's loop keeps the routing, retries, deadline and health checks (`collect.run_examples_in_order`).
 
 Contract:
-- `CollectProcesses(count, connector_limits)`; `await start()` on the manager's loop starts `count` children
-  (`python -m recipe.nemo_gym.gym.over_http.collect_processes FD LIMITS`), each joined to the parent by a socket
+- `CollectProcesses(reading, connector_limits)`; `await start()` on the manager's loop starts `reading.processes`
+  children (`python -m recipe.nemo_gym.gym.over_http.collect_processes FD SETTINGS`: the connection limits and
+  `reading`'s, given once), each joined to the parent by a socket
   pair and holding its own event loop and aiohttp session (`connector_limits` split among them, so that together
   they open no more connections than the manager alone would), and returns once each has said it is ready; one
   that is not within 60 s is a `RuntimeError` (the others are stopped).
-- `post_run(router, reading)` is a `post_run` for `collect.run_examples_in_order`: each row goes to the child with
+- `post_run(router)` is a `post_run` for `collect.run_examples_in_order`: each row goes to the child with
   the fewest rows in flight, which posts it to the agent copy `router` picked, exactly as `client.post_row` does in
   the manager, and sends back the row's `Episode` (`packing.episode.read_episode` with `reading`'s limits) or its
   `EpisodeFailure`. A row cancelled in the parent (the deadline, an abort) is cancelled in its child.
@@ -111,11 +112,12 @@ class _Child:
 class CollectProcesses:
     """The manager's collect processes; see the module docstring."""
 
-    def __init__(self, count: int, connector_limits: Mapping[str, Any]):
-        if count < 1:
-            raise ValueError(f"collect processes: need at least one, got {count}")
-        self.count = count
-        self.limits = split_limits(connector_limits, count)
+    def __init__(self, reading: EpisodeReading, connector_limits: Mapping[str, Any]):
+        if reading.processes < 1:
+            raise ValueError(f"collect processes: need at least one, got {reading.processes}")
+        self.count = reading.processes
+        self.reading = reading
+        self.limits = split_limits(connector_limits, self.count)
         self._children: list[_Child] = []
         self._next_id = 0
 
@@ -126,11 +128,18 @@ class CollectProcesses:
     async def start(self) -> None:
         path = os.pathsep.join(filter(None, [str(_REPOSITORY), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
+        settings = json.dumps(
+            {
+                "limits": self.limits,
+                "max_prompt_length": self.reading.max_prompt_length,
+                "required_components": list(self.reading.required_components),
+            }
+        )
         for _ in range(self.count):
             ours, theirs = socket.socketpair()
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", __name__, str(theirs.fileno()), json.dumps(self.limits)],
+                    [sys.executable, "-m", __name__, str(theirs.fileno()), settings],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
                     env=env,
@@ -183,7 +192,7 @@ class CollectProcesses:
             if not future.done():
                 future.set_exception(RolloutAborted(f"{child.exited} with {len(held)} rows in flight"))
 
-    def post_run(self, router: Any, reading: EpisodeReading) -> Callable[[int, Mapping[str, Any]], Any]:
+    def post_run(self, router: Any) -> Callable[[int, Mapping[str, Any]], Any]:
         """`post_run(index, row)` for `collect.run_examples_in_order` (see the module docstring); `router` is the
         batch's `replicas.LeastBusy`."""
 
@@ -198,7 +207,7 @@ class CollectProcesses:
                 row_id = self._next_id = self._next_id + 1
                 future = asyncio.get_running_loop().create_future()
                 child.pending[row_id] = future
-                child.writer.write(frame(("run", row_id, (target, agent, index, row, reading))))
+                child.writer.write(frame(("run", row_id, (target, agent, index, row))))
                 try:
                     return await future
                 except asyncio.CancelledError:
@@ -228,25 +237,26 @@ class CollectProcesses:
 # ----------------------------------------------------------------------------------------- the child's side
 
 
-async def _serve(sock: socket.socket, limits: Mapping[str, int]) -> None:
+async def _serve(sock: socket.socket, settings: Mapping[str, Any]) -> None:
     from recipe.nemo_gym.gym.over_http.client import post_row
     from recipe.nemo_gym.gym.over_http.connection import client_session
     from recipe.nemo_gym.packing.episode import read_episode
 
     reader, writer = await asyncio.open_connection(sock=sock)
-    session = client_session(limits)
+    session = client_session(settings["limits"])
+    max_prompt_length, required_components = settings["max_prompt_length"], tuple(settings["required_components"])
     running: dict[int, asyncio.Task] = {}
     writer.write(frame(("ready", os.getpid())))
 
-    async def run(row_id: int, target: Any, agent: str, index: int, row: Mapping[str, Any], reading: EpisodeReading):
+    async def run(row_id: int, target: Any, agent: str, index: int, row: Mapping[str, Any]) -> None:
         try:
             outcome = await post_row(session, target, agent, index, row)
             if not isinstance(outcome, EpisodeFailure):
                 outcome = read_episode(
                     outcome,
                     index,
-                    max_prompt_length=reading.max_prompt_length,
-                    required_components=reading.required_components,
+                    max_prompt_length=max_prompt_length,
+                    required_components=required_components,
                 )
             writer.write(frame((row_id, "outcome", outcome)))
         except Exception:  # noqa: BLE001 - a bug here must reach the parent, not leave its row waiting
@@ -274,10 +284,10 @@ async def _serve(sock: socket.socket, limits: Mapping[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    fd, limits = (argv if argv is not None else sys.argv[1:])[:2]
+    fd, settings = (argv if argv is not None else sys.argv[1:])[:2]
     # Ctrl-C reaches the whole process group; the parent decides when this child stops (by closing its socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(_serve(socket.socket(fileno=int(fd)), json.loads(limits)))
+    asyncio.run(_serve(socket.socket(fileno=int(fd)), json.loads(settings)))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ Contract:
 - While a batch waits, `collect` runs `check_gym` and probes verl's policy servers (`health.PolicyWatch`:
   `timeouts.policy_health_failures` consecutive probes without an answer abort the batch).
 - `collect(..., reading=EpisodeReading(processes=N, ...))` posts the rows and reads their results from N collect
-  processes (`collect_processes.py`, started at the first such batch and kept until `close()`): each outcome is then
-  an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on the loop and
-  results come back as Gym's dicts.
+  processes (`collect_processes.py`, started at the first such batch, with its settings, and kept until `close()`): each
+  outcome is then an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on
+  the loop and results come back as Gym's dicts.
 """
 
 from __future__ import annotations
@@ -161,9 +161,9 @@ class GymConnection:
         self.router = LeastBusy(replica_groups(self.targets))
         if reading is not None and reading.processes > 0:
             if self.processes is None:
-                self.processes = CollectProcesses(reading.processes, self._connector_limits)
+                self.processes = CollectProcesses(reading, self._connector_limits)
                 await self.processes.start()
-            post_run = self.processes.post_run(self.router, reading)
+            post_run = self.processes.post_run(self.router)
         else:
             if self._session is None:
                 self._session = client_session(self._connector_limits)

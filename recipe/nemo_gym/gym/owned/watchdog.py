@@ -172,10 +172,45 @@ def _remember(watched: dict[int, psutil.Process], proc: psutil.Process) -> None:
 
 
 def _add_descendants(watched: dict[int, psutil.Process]) -> None:
-    for proc in list(watched.values()):
-        with contextlib.suppress(psutil.Error):
-            for child in proc.children(recursive=True):
-                _remember(watched, child)
+    """Remember every live descendant of a watched process, from one pass over the process table. (psutil's
+    `children(recursive=True)` reads the whole table on each call: once per watched server every second, that was
+    17% of a core with 20 watched servers among 400 processes on the 2-core test machine, psutil 7.)"""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parent_pids().items():
+        children.setdefault(ppid, []).append(pid)
+    # A watched process that exited may have had its pid reused: only live ones (same start time) are expanded.
+    frontier = [pid for pid, proc in watched.items() if _is_running(proc)]
+    seen = set(frontier)
+    while frontier:
+        for child in children.get(frontier.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                with contextlib.suppress(psutil.Error):
+                    _remember(watched, psutil.Process(child))
+                frontier.append(child)
+
+
+def _parent_pids() -> dict[int, int]:
+    """Every process's parent pid, read from /proc/<pid>/stat (Linux). Measured here: 1.9 ms for 108 processes, where
+    psutil's `process_iter` took 15.7 ms; it runs once a second, on nodes of thousands of processes."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                line = stat.read()
+        except OSError:  # exited since the listing
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")".
+        parents[int(name)] = int(line[line.rindex(b")") + 2 :].split(maxsplit=2)[1])
+    return parents
+
+
+def _is_running(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running()
+    return False
 
 
 def main(read_fd: int, done_fd: int) -> None:

@@ -10,6 +10,7 @@ real Gym and `main_ppo` run with collect processes in `tests/cpu/e2e/test_attach
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -59,7 +60,7 @@ def test_connector_limits_are_split_among_the_children_at_least_one_each():
     assert split_limits({LIMIT_KEY: 2, LIMIT_PER_HOST_KEY: 10}, 4) == {LIMIT_KEY: 1, LIMIT_PER_HOST_KEY: 2}
     assert split_limits({}, 2) == {LIMIT_KEY: 50, LIMIT_PER_HOST_KEY: 0}  # aiohttp's default total, no per-host cap
     with pytest.raises(ValueError, match="at least one"):
-        CollectProcesses(0, {})
+        CollectProcesses(EpisodeReading(0), {})
 
 
 def test_a_frame_carries_one_message_and_a_closed_stream_ends_the_reading():
@@ -141,10 +142,22 @@ class Agents:
         return LeastBusy(replica_groups(self.targets))
 
 
+@contextlib.asynccontextmanager
+async def started(connector_limits: dict | None = None):
+    """Two collect processes (reading with a prompt length of 10) and the two agent copies, stopped after."""
+    processes = CollectProcesses(EpisodeReading(2, max_prompt_length=10), connector_limits or {})
+    async with Agents() as agents:
+        await processes.start()
+        try:
+            yield processes, agents
+        finally:
+            await processes.close()
+
+
 def run_batch(processes: CollectProcesses, agents: Agents, examples: list[dict], deadline_s: float = 60.0, **kw):
     return run_examples_in_order(
         examples,
-        post_run=processes.post_run(agents.router(), EpisodeReading(len(processes.pids), max_prompt_length=10)),
+        post_run=processes.post_run(agents.router()),
         deadline_s=deadline_s,
         health_check_interval_s=0.5,
         **kw,
@@ -153,19 +166,14 @@ def run_batch(processes: CollectProcesses, agents: Agents, examples: list[dict],
 
 def test_rows_come_back_as_episodes_in_input_order_from_every_child_and_every_copy():
     async def main():
-        processes = CollectProcesses(2, {LIMIT_KEY: 100})
-        async with Agents() as agents:
-            await processes.start()
-            try:
-                examples = rows(12)
-                examples[5] = {**examples[5], "fail": True}
-                outcomes = await run_batch(processes, agents, examples)
-                children = [psutil.Process(pid) for pid in processes.pids]
-                # Both children hold connections to the agents: each posted rows.
-                connected = [{c.raddr.port for c in child.net_connections("tcp") if c.raddr} for child in children]
-            finally:
-                await processes.close()
-            return outcomes, agents.seen, connected, children
+        async with started({LIMIT_KEY: 100}) as (processes, agents):
+            examples = rows(12)
+            examples[5] = {**examples[5], "fail": True}
+            outcomes = await run_batch(processes, agents, examples)
+            children = [psutil.Process(pid) for pid in processes.pids]
+            # Both children hold connections to the agents: each posted rows.
+            connected = [{c.raddr.port for c in child.net_connections("tcp") if c.raddr} for child in children]
+        return outcomes, agents.seen, connected, children
 
     outcomes, seen, connected, children = asyncio.run(main())
     for index, outcome in enumerate(outcomes):
@@ -187,22 +195,17 @@ def test_rows_come_back_as_episodes_in_input_order_from_every_child_and_every_co
 
 def test_the_deadline_cancels_a_rows_request_in_its_child_and_the_children_serve_the_next_batch():
     async def main():
-        processes = CollectProcesses(2, {})
-        async with Agents() as agents:
-            await processes.start()
-            try:
-                with pytest.raises(RolloutAborted, match=r"deadline of 1s with 1 of 3 episodes pending \(rows 1\)"):
-                    await run_batch(processes, agents, [*rows(1), *rows(1, hang=True), *rows(1)], deadline_s=1.0)
-                # The cancellation reached the child, which closed the request: the agent stops waiting on it.
-                for _ in range(50):
-                    if agents.hanging == 0:
-                        break
-                    await asyncio.sleep(0.1)
-                hanging = agents.hanging
-                again = await run_batch(processes, agents, rows(4))
-            finally:
-                await processes.close()
-            return hanging, again
+        async with started() as (processes, agents):
+            with pytest.raises(RolloutAborted, match=r"deadline of 1s with 1 of 3 episodes pending \(rows 1\)"):
+                await run_batch(processes, agents, [*rows(1), *rows(1, hang=True), *rows(1)], deadline_s=1.0)
+            # The cancellation reached the child, which closed the request: the agent stops waiting on it.
+            for _ in range(50):
+                if agents.hanging == 0:
+                    break
+                await asyncio.sleep(0.1)
+            hanging = agents.hanging
+            again = await run_batch(processes, agents, rows(4))
+        return hanging, again
 
     hanging, again = asyncio.run(main())
     assert hanging == 0
@@ -211,23 +214,18 @@ def test_the_deadline_cancels_a_rows_request_in_its_child_and_the_children_serve
 
 def test_a_child_that_dies_mid_batch_aborts_it_naming_its_pid_and_status_and_the_rest_carry_on():
     async def main():
-        processes = CollectProcesses(2, {})
-        async with Agents() as agents:
-            await processes.start()
-            try:
-                victim = processes.pids[0]
-                batch = asyncio.ensure_future(run_batch(processes, agents, rows(4, hang=True)))
-                while agents.hanging < 4:
-                    await asyncio.sleep(0.05)
-                os.kill(victim, signal.SIGKILL)
-                started = time.monotonic()
-                with pytest.raises(RolloutAborted) as aborted:
-                    await batch
-                took = time.monotonic() - started
-                after = await run_batch(processes, agents, rows(3))
-            finally:
-                await processes.close()
-            return victim, str(aborted.value), took, after
+        async with started() as (processes, agents):
+            victim = processes.pids[0]
+            batch = asyncio.ensure_future(run_batch(processes, agents, rows(4, hang=True)))
+            while agents.hanging < 4:
+                await asyncio.sleep(0.05)
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            with pytest.raises(RolloutAborted) as aborted:
+                await batch
+            took = time.monotonic() - killed_at
+            after = await run_batch(processes, agents, rows(3))
+        return victim, str(aborted.value), took, after
 
     victim, message, took, after = asyncio.run(main())
     assert f"the manager's collect process {victim} was killed by SIGKILL with 2 rows in flight" in message
@@ -237,7 +235,7 @@ def test_a_child_that_dies_mid_batch_aborts_it_naming_its_pid_and_status_and_the
 
 def test_closing_stops_every_child_and_a_child_whose_parent_is_gone_exits_on_its_own():
     async def main():
-        processes = CollectProcesses(2, {})
+        processes = CollectProcesses(EpisodeReading(2), {})
         await processes.start()
         children = [psutil.Process(pid) for pid in processes.pids]
         # A parent gone without closing: its end of the socket closes with it.

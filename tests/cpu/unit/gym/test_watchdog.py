@@ -15,15 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.owned.watchdog import Watchdog, _parent_pids
 from tests.support.helpers import REPO_ROOT, alive
 
 TRAINER = r"""
 import json, subprocess, sys, time
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.owned.watchdog import Watchdog, _parent_pids
 
 watchdog = Watchdog.spawn()
 # A wrapper shell whose children are the "server" (as NeMo Gym's `( cmd ) | tee log` wrappers are).
@@ -96,3 +97,20 @@ def test_release_kills_what_the_owner_could_not_stop():
     finally:
         stubborn.kill()
         stubborn.wait(timeout=10)
+
+
+def test_parent_pids_reads_every_process_even_one_whose_name_holds_parentheses_and_spaces(tmp_path):
+    # /proc/<pid>/stat is "pid (comm) state ppid ...", and a program's name is its comm: this one is "a) b (c".
+    odd = tmp_path / "a) b (c"
+    odd.write_bytes(Path("/bin/sleep").read_bytes())
+    odd.chmod(0o755)
+    child = subprocess.Popen([str(odd), "30"])
+    try:
+        time.sleep(0.2)
+        parents = _parent_pids()
+        assert parents[child.pid] == os.getpid()
+        assert parents[os.getpid()] == os.getppid()
+        assert psutil.Process(child.pid).name() == "a) b (c"
+    finally:
+        child.kill()
+        child.wait()
