@@ -10,7 +10,8 @@ the bridge's address. Nothing is replaced: the jobs are submitted the way users 
 - The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`): a `backend: cpu` job with `cluster.nnodes:
   2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
-  puts a relay in front of the two servers and hands Gym its address.
+  puts a relay in front of the two servers and hands Gym its address, and its two collect processes
+  (`nemo_gym.collect_processes: 2`) post the rows to the CPU node's Gym and read the results.
 Once step 2 is logged the test kills node2's Ray (every process of node2 but slurmd and its step daemons: a node lost
 mid-step). The job must end, FAILED, within the bootstrap's grace, the launcher saying it was stopped and the last line
 naming node2, and leave nothing on any node: no process in node1's or node2's namespace but slurmd, an empty temporary
@@ -183,7 +184,7 @@ def run(nodes, tmp_path_factory):
         train = write_jsonl(rows, tmp_path / "train.jsonl")
         plugin = tmp_path / "attach.yaml"
         plugin.write_text(
-            f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n"
+            f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n  collect_processes: 2\n"
             "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
             "failures: {max_fraction: 0.0}\n"
         )
@@ -281,6 +282,8 @@ def test_main_ppo_trains_across_two_nodes_against_a_gym_on_a_cpu_node(run):
         assert metrics["training/rollout_probs_diff_max"] < 1e-6, failure  # token-exact across the nodes
         assert metrics["actor/grad_norm"] > 0, failure
     assert not re.search(r"\bstep:3 - ", log), failure
+    # The rows were posted, and the results read into episodes, by the manager's two collect processes.
+    assert re.search(r"NeMo Gym: 2 collect processes post the rows and read the results \(pids \d+, \d+;", log), failure
 
 
 def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_left_clean(run):
