@@ -7,7 +7,8 @@ address (10.x.y.1-3), host name, /etc/hosts, temporary folder and /dev/shm, each
 the bridge's address. Nothing is replaced: the jobs are submitted the way users submit them.
 - The Gym job (partition `cpu`, node `cpu1`): docs/attach-mode.md's `srun gym env start ... +use_absolute_ip=true`
   (offline venv links are the one difference), running the repository's `uppercase_share` environment.
-- The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`): a `backend: cpu` job with `cluster.nnodes:
+- The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`, submitted right after the Gym's, as users
+  submit the two: the plugin waits for the Gym while its own start-up runs): a `backend: cpu` job with `cluster.nnodes:
   2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
   puts a relay in front of the two servers and hands Gym its address, and its two collect processes
@@ -177,7 +178,6 @@ def run(nodes, tmp_path_factory):
     gym_log = tmp_path / "gym-%j.log"
     gym_job = cluster.sbatch(gym_script, f"--output={gym_log}", cwd=REPO_ROOT, TMPDIR=str(network.node_temp))
     try:
-        servers = wait_for_gym(cluster, gym_job, network.addresses[GYM_NODE])
         rows = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()][:6]
         for row in rows:
             row["responses_create_params"]["max_output_tokens"] = 16
@@ -212,7 +212,15 @@ def run(nodes, tmp_path_factory):
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
             verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0"],
         )
-        kill = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
+        kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
+        servers = []
+
+        def while_running(job_id: str) -> None:
+            # The trainer's job goes in at once, as users submit the two: its start-up overlaps the Gym's, and the
+            # plugin waits for the Gym (`timeouts.startup_s`).
+            servers[:] = wait_for_gym(cluster, gym_job, network.addresses[GYM_NODE])
+            kill_node2(job_id)
+
         started = time.monotonic()
         with MemoryPeak() as memory:
             record, log, left = slurm_jobs.submit_ray_job(
@@ -222,7 +230,7 @@ def run(nodes, tmp_path_factory):
                 nodes=2,
                 partition="gpu",
                 timeout_s=1500,
-                while_running=kill,
+                while_running=while_running,
                 JOB=str(job),
                 NEMO_GYM_HEAD_SERVER_URL=f"http://{GYM_NODE}:{GYM_PORT}",
                 TMPDIR=str(network.node_temp),  # each node's own /tmp, as on a cluster
@@ -235,13 +243,13 @@ def run(nodes, tmp_path_factory):
         )
         print(
             f"two nodes: {network.addresses}; job {record.get('JobId')} {record.get('JobState')} in {wall_s:.0f} s "
-            f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill.killed}"
+            f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill_node2.killed}"
         )
         gym_record = stop_gym_job(cluster, gym_job)
         gym_after = cluster.describe(node_processes(cluster, GYM_NODE))
         yield {
             "record": record, "log": log, "left": left, "after": after, "servers": servers, "gym_alive": gym_alive,
-            "killed": kill.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
+            "killed": kill_node2.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
             "gym_after": gym_after,
         }  # fmt: skip
     finally:
