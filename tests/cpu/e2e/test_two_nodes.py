@@ -185,7 +185,7 @@ def run(nodes, tmp_path_factory):
         plugin = tmp_path / "attach.yaml"
         plugin.write_text(
             f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n  collect_processes: 2\n"
-            "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
+            "timeouts: {startup_s: 600, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
             "failures: {max_fraction: 0.0}\n"
         )
         job = slurm_jobs.write_job(
