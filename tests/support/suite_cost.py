@@ -107,8 +107,8 @@ def timeline(spans: dict[str, dict], started_at: float, *, min_s: float = 30.0) 
 
 
 def speed_probe(repeats: int = PROBE_REPEATS) -> list[float]:
-    """The seconds a fixed single-core Python workload took, `repeats` times (about 0.05 s each on a fast hour of the
-    CI machine kind). Pure Python, as most of the suite's CPU time is: a slower interpreter loop is a slower suite."""
+    """The seconds a fixed single-core Python workload took, `repeats` times (24-25 ms each on the CI machine kind,
+    idle, 2026-11-29). Pure Python, as most of the suite's CPU time is: a slower interpreter loop is a slower suite."""
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
