@@ -12,7 +12,7 @@
 - runs `python -m tests.support.suite_cost probe DIR before` before the sampler and pytest start, and `... after`
   once they are done: the machine's speed then (`speed_probe`: a fixed single-core Python workload, its median time
   in `DIR/speed-<when>.json`). The same code's suite time varies about twofold with the hour on a shared machine;
-  the probe says which kind of hour a run had;
+  the probe tells one cause of that, a slower core, from the others;
 - `python -m tests.support.suite_cost report DIR` prints the summary (`format_report`, pure).
 
 Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the launcher);

@@ -210,7 +210,14 @@ def run(nodes, tmp_path_factory):
                 "val_before_train": False,
             },
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
-            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0"],
+            # Each node's vLLM engine holds 128 MiB of KV cache (131,072 tokens of the tiny model), not the CPU
+            # backend's 512: vLLM fills it with zeros, so two engines' 1 GiB was resident beside the other worker's
+            # modules (the suite's peak, 17.1 GiB, 2026-11-29).
+            verl_overrides=[
+                "data.shuffle=false",
+                "data.dataloader_num_workers=0",
+                f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={128 * 2**20}",
+            ],
         )
         kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
         servers = []
