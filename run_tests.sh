@@ -12,9 +12,11 @@ tests/cpu/install_slurm.sh
 # one takes the modules that start a trainer or verl's vLLM server (one at a time fits in 24 GB), the other the rest.
 # NeMo Gym runs from .venv-gym (0.7.0), except in test_end_to_end_gym_0_4.py (0.4.0, from the trainer's .venv).
 # The suite measures its cost (tests/support/suite_cost.py): time per module, a sampler's peak memory, a summary.
+# It also times a fixed workload before and after (the machine's speed: on a shared machine it varies with the hour).
 NG_SUITE_COST_DIR="$PWD/outputs/suite-cost/$(date -u +%Y%m%d-%H%M%S)"
 export NG_SUITE_COST_DIR
 mkdir -p "$NG_SUITE_COST_DIR"
+.venv/bin/python -m tests.support.suite_cost probe "$NG_SUITE_COST_DIR" before
 .venv/bin/python -m tests.support.suite_cost sample "$NG_SUITE_COST_DIR" &
 sampler=$!
 trap 'kill "$sampler" 2>/dev/null || true' EXIT
@@ -22,5 +24,6 @@ status=0
 NG_SUITE_COST_LABEL=suite .venv/bin/python -m pytest tests/cpu -n "${NG_TEST_WORKERS:-2}" --dist loadfile \
     --no-loadscope-reorder "$@" || status=$?
 kill "$sampler" && wait "$sampler" || true
+.venv/bin/python -m tests.support.suite_cost probe "$NG_SUITE_COST_DIR" after
 .venv/bin/python -m tests.support.suite_cost report "$NG_SUITE_COST_DIR"
 exit "$status"

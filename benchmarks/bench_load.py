@@ -368,7 +368,7 @@ def plugin_yaml(
         # The manager's default health-check interval (10 s): at 2 s, three /health probes that a policy server busy
         # with 512 episodes on a loaded 2-core machine answered late (10 s each) aborted the batch (CI, on 2 cores
         # shared with a vLLM engine of another test module).
-        "timeouts": {"startup_s": 300, "batch_s": batch_s, "health_check_interval_s": 10},
+        "timeouts": {"startup_s": 600, "batch_s": batch_s, "health_check_interval_s": 10},
         # Every episode must succeed (a single failure fails the batch), except where failures are injected.
         "failures": {"max_fraction": 1.0 if env.agent.startswith("fail_on") else 0.0, "retries": retries},
     }

@@ -47,7 +47,9 @@ import pytest
 # 103: the heavy worker's 31 min were the whole run's wall time, while the other worker idled from about minute 13.
 # So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures): 27.2
 # min (2026-11-28), the other worker idle from minute 19.4. test_more_environments then took in the offline blend's
-# seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s).
+# seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s). test_attach_training's run
+# (179 s, 2026-11-28) is gone: its killed policy server is test_main_ppo's resumed run's end, its collect processes
+# run in test_two_nodes' attached job.
 # manager_exit, end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
 # `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
 # test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
@@ -64,8 +66,6 @@ HEAVY_MODULES = (
     "test_more_environments.py",
     "test_load.py",
     "test_attach.py",
-    # A trainer of its own; the shared engine is stopped before it (`_no_idle_engine_beside_a_heavy_module`).
-    "test_attach_training.py",
 )
 # Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
 # order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines

@@ -51,13 +51,17 @@ def policy_servers(url: str, model_name: str = "policy") -> PolicyServers:
 
 
 class LoopOwningGym(OwnedGym):
-    """An `OwnedGym` that closes its loop once shut down (the loop was made for it by `start_gym`)."""
+    """An `OwnedGym` that closes its loop once shut down (the loop was made for it by `start_gym`). Only the Gym that
+    `start` returned owns it: a failed attempt's shutdown must leave it open, since `OwnedGym.start` may start once
+    more on the same loop (a launcher whose Ray missed Ray's start-up deadline; seen on a slow hour, 2026-11-29)."""
+
+    owns_loop = False
 
     def shutdown(self) -> None:
         try:
             super().shutdown()
         finally:
-            if not self.loop.in_loop_thread():
+            if self.owns_loop and not self.loop.in_loop_thread():
                 self.loop.close()
 
 
@@ -65,10 +69,12 @@ def start_gym(config: NeMoGymConfig, policy_servers: PolicyServers) -> OwnedGym:
     """`OwnedGym.start(config, policy_servers, loop=...)` on a new `BackgroundLoop` that its `shutdown()` closes."""
     loop = BackgroundLoop(name="nemo-gym-test-loop")
     try:
-        return LoopOwningGym.start(config, policy_servers, loop=loop)
+        gym = LoopOwningGym.start(config, policy_servers, loop=loop)
     except BaseException:
         loop.close()
         raise
+    gym.owns_loop = True
+    return gym
 
 
 def collect_blocking(

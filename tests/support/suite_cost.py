@@ -9,6 +9,10 @@
   last seen in a worker's title) and the peak memory in use meanwhile, in `DIR/modules.json` (`track_modules`);
 - each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
   tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
+- runs `python -m tests.support.suite_cost probe DIR before` before the sampler and pytest start, and `... after`
+  once they are done: the machine's speed then (`speed_probe`: a fixed single-core Python workload, its median time
+  in `DIR/speed-<when>.json`). The same code's suite time varies about twofold with the hour on a shared machine;
+  the probe tells one cause of that, a slower core, from the others;
 - `python -m tests.support.suite_cost report DIR` prints the summary (`format_report`, pure).
 
 Tiers, by a test's marks (`tier_of`): `e2e` runs a training job (`main_ppo`, a submit script, the launcher);
@@ -29,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SAMPLE_S = 1.0
+SPEED_PREFIX = "speed-"
+PROBE_REPEATS = 7
 GIB = 2**30
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TIERS = ("unit", "integration", "e2e")
@@ -100,7 +106,41 @@ def timeline(spans: dict[str, dict], started_at: float, *, min_s: float = 30.0) 
     ]
 
 
-def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10, spans: dict | None = None) -> str:
+def speed_probe(repeats: int = PROBE_REPEATS) -> list[float]:
+    """The seconds a fixed single-core Python workload took, `repeats` times (24-25 ms each on the CI machine kind,
+    idle, 2026-11-29). Pure Python, as most of the suite's CPU time is: a slower interpreter loop is a slower suite."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = 0
+        for i in range(400_000):
+            total += i * i % 7
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def format_speeds(speeds: dict[str, list[float]]) -> str:
+    """One line: the probe's median time at each moment it ran (`speeds`: when -> seconds of each repeat)."""
+    parts = [f"{median(times) * 1000:.0f} ms {when} the run" for when, times in speeds.items()]
+    repeats = {len(times) for times in speeds.values()}
+    return (f"the machine's speed: a fixed single-core Python workload took {', '.join(parts)} (median of "
+            f"{'/'.join(str(n) for n in sorted(repeats))}; lower is faster)")  # fmt: skip
+
+
+def format_report(
+    runs: list[RunCost],
+    memory: dict | None,
+    *,
+    slowest: int = 10,
+    spans: dict | None = None,
+    speeds: dict[str, list[float]] | None = None,
+) -> str:
     """The summary `./run_tests.sh` prints at its end."""
     lines = ["", "=" * 30 + " what the suite cost " + "=" * 30]
     for run in runs:
@@ -138,6 +178,8 @@ def format_report(runs: list[RunCost], memory: dict | None, *, slowest: int = 10
     if spans and memory and "started_at" in memory:
         lines.append("when the modules of 30 s or more ran, and the peak memory in use meanwhile:")
         lines += timeline(spans, memory["started_at"])
+    if speeds:
+        lines.append(format_speeds(speeds))
     return "\n".join(lines)
 
 
@@ -215,13 +257,20 @@ def sample(folder: Path) -> None:
         time.sleep(SAMPLE_S)
 
 
+def probe(folder: Path, when: str) -> None:
+    _replace(folder / f"{SPEED_PREFIX}{when}.json", {"when": when, "seconds": speed_probe()})
+
+
 def report(folder: Path) -> str:
-    runs = [RunCost.read(path) for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-            if path.name not in ("memory.json", "modules.json")]  # fmt: skip
+    by_time = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    runs = [RunCost.read(path) for path in by_time
+            if path.name not in ("memory.json", "modules.json") and not path.name.startswith(SPEED_PREFIX)]  # fmt: skip
     memory_file, modules_file = folder / "memory.json", folder / "modules.json"
     memory = json.loads(memory_file.read_text()) if memory_file.exists() else None
     spans = json.loads(modules_file.read_text()) if modules_file.exists() else None
-    return format_report(runs, memory, spans=spans)
+    probes = [json.loads(path.read_text()) for path in by_time if path.name.startswith(SPEED_PREFIX)]
+    speeds = {record["when"]: record["seconds"] for record in probes}
+    return format_report(runs, memory, spans=spans, speeds=speeds)
 
 
 if __name__ == "__main__":
@@ -230,5 +279,7 @@ if __name__ == "__main__":
         sample(folder)
     elif command == "report":
         print(report(folder))
+    elif command == "probe" and len(sys.argv) == 4:
+        probe(folder, sys.argv[3])
     else:
-        raise SystemExit(f"usage: python -m {__spec__.name} sample|report DIR")
+        raise SystemExit(f"usage: python -m {__spec__.name} sample|report DIR, or probe DIR WHEN")

@@ -11,9 +11,8 @@ validation. The launcher's own semantics as the console shows them (Ctrl-C, a tr
 job refused on a folder in use, a finished run's last line) are tested against a stand-in that behaves like
 `main_ppo` for the launcher (`tests/support/stand_in_trainer.py`); the plugin's own faults, against the real
 trainer: bad rows here. The other faults are injected into training runs that other modules make anyway: a NeMo Gym
-server killed in `test_slurm_training.py`'s real job (under Slurm), the policy server killed in
-`test_attach_training.py`'s run (with this console); the failure-neutral step (a failed episode changes no
-statistic) is carried by `test_main_ppo.py`'s run.
+server killed in `test_slurm_training.py`'s real job (under Slurm); the policy server killed, with this console,
+and the failure-neutral step (a failed episode changes no statistic), in `test_main_ppo.py`'s resumed run.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ checkpoint folder, or the advantages verl's `compute_advantage` returned (the pl
 - a failed episode changes no statistic. Step 3's batch holds two rows of `fail_on_request` (tests/cpu/gym_envs/,
   a real Gym 0.7 resources server added to the blend): one whose first verify fails once (retried, recovered), one
   whose first sample fails on every try (masked). Every other row's advantage is verl's GRPO over the valid rows
-  alone, and verl's reward curve leaves the failed one out.
+  alone, and verl's reward curve leaves the failed one out;
+- a policy server killed while training ends the job naming it. Once the resumed run's console shows step 3, the
+  test SIGKILLs its `vLLMHttpServer` actor (the plugin's fault as users meet it, through the launcher, with the
+  demo's console after it): the job exits 1 with the launcher's last lines naming the dead server, and leaves nothing.
 
 The rollout is verl's own `rollout.name=vllm` on vLLM's CPU build: the `vLLMHttpServer` actor, vLLM's engine, verl's
 weight sync, and the splice patch armed in the actor by `VERL_USE_EXTERNAL_MODULES`. Scripted turns are forced
@@ -34,6 +37,7 @@ import json
 import math
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +49,12 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
 from recipe.nemo_gym.leftovers import candidates, held_files, orphans
-from recipe.nemo_gym_demo.console import JobSpec, environments, run_job
+from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy.episodes import example_episodes_policy
 from tests.support.engine import scripted_overrides
-from tests.support.helpers import GYM_ENVS, processes_with_env
+from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
@@ -62,6 +66,7 @@ FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / 
 SCRIPTED_TOOLS = ("company_directory_find_email_address", "email_reply_email")
 UPPERCASE_ANSWER_TOKENS = 32  # sampled answers; every token of them is trained, so they set the step's cost
 RUN_MARKER = "NG_TEST_MAIN_PPO_RUN"  # in the environment of both runs, so of every process they start
+POLICY_SERVER = "vLLMHttpServer"  # verl's vLLM server actor: Ray names its process after the class
 
 
 def ci_script():
@@ -109,13 +114,43 @@ def blend_with_flaky_server(path: Path) -> Path:
     """The shipped blend plus `fail_on_request`, uppercase_share's agent run as two copies (`nemo_gym.replicas`);
     failures retried once, 0.5 s apart. A group that keeps one valid
     episode still trains (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it
-    alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 8."""
+    alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 8. The servers are
+    checked every 2 s while a batch waits, so the policy server killed after step 3 is named within seconds."""
     config = yaml.safe_load(BLEND.read_text())
     config["nemo_gym"]["config_paths"].append(str(FLAKY_CONFIG))
     config["failures"].update(retries=1, retry_delay_s=0.5, min_valid_per_group=1)
+    config["timeouts"]["health_check_interval_s"] = 2
     config["nemo_gym"]["replicas"] = {UPPERCASE: 2}
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+class KillPolicyAfterStep:
+    """The demo's console (`recipe/nemo_gym_demo/console.py`): printed and kept; once it shows `step`, the run's
+    policy server is SIGKILLed (the next step needs it)."""
+
+    def __init__(self, marker: str, step: int):
+        self.marker, self.step = marker, step
+        self.lines: list[str] = []
+        self.killed: list[int] = []
+
+    def __call__(self, line: str) -> None:
+        print(line)
+        self.lines.append(line)
+        if line.startswith(f"step {self.step} ") and not self.killed:
+            self.killed += kill_processes_with_env(RUN_MARKER, self.marker, POLICY_SERVER)
+
+
+@dataclass
+class Runs:
+    spec: JobSpec
+    first: JobResult
+    second: JobResult
+    second_console: KillPolicyAfterStep
+    marker: str
+    """The runs' folder: `RUN_MARKER`'s value."""
+    window: tuple[float, float]
+    """When the first run started and the second ended (`time.time()`)."""
 
 
 @pytest.fixture(scope="module")
@@ -147,26 +182,29 @@ def runs(tmp_path_factory):
         patch.setenv("NEMO_GYM_EXTRA_ROOTS", str(GYM_ENVS))  # where Gym finds fail_on_request
         patch.setenv(ADVANTAGE_LOG_ENV, str(out / "advantages.jsonl"))
         first = run_job(spec, console=print)
+        # Step 4 (the next epoch's first batch) never comes: its policy server is killed once step 3 is shown.
+        console = KillPolicyAfterStep(str(out), step=3)
         second = run_job(
-            JobSpec(**{**spec.__dict__, "steps": 3, "resume": True, "val_before_train": False}), console=print
+            JobSpec(**{**spec.__dict__, "steps": 4, "resume": True, "val_before_train": False}), console=console
         )
-    return spec, first, second, str(out), (started, time.time())
+    return Runs(spec, first, second, console, str(out), (started, time.time()))
 
 
 def _training_steps(result) -> list[dict]:
     return [s["data"] for s in result.steps if "actor/grad_norm" in s["data"]]
 
 
-def test_main_ppo_trains_two_steps_and_resumes_with_exit_code_zero(runs):
-    spec, first, second, _, _ = runs
+def test_main_ppo_trains_two_steps_with_exit_code_zero_and_a_resumed_run_trains_step_3(runs):
+    spec, first, second = runs.spec, runs.first, runs.second
     assert first.exit_status == 0, f"main_ppo failed: {first.cause}; see {spec.log_file}"
-    assert second.exit_status == 0, f"resumed main_ppo failed: {second.cause}; see {spec.log_file}"
+    assert first.outcome[-1] == "launch: training finished", first.outcome
+    assert runs.second_console.killed, f"the resumed run did not reach step 3: {second.cause}; see {spec.log_file}"
     assert [s["step"] for s in first.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     assert [s["step"] for s in second.steps if "actor/grad_norm" in s["data"]] == [3]
 
 
 def test_actor_log_probs_equal_rollout_log_probs_at_every_step(runs):
-    _, first, second, _, _ = runs
+    first, second = runs.first, runs.second
     steps = _training_steps(first) + _training_steps(second)
     assert len(steps) == 3
     for data in steps:
@@ -177,7 +215,7 @@ def test_actor_log_probs_equal_rollout_log_probs_at_every_step(runs):
 
 
 def test_every_step_updates_the_weights_the_next_rollout_uses(runs):
-    spec, first, second, _, _ = runs
+    spec, first, second = runs.spec, runs.first, runs.second
     for data in _training_steps(first) + _training_steps(second):
         assert data["actor/grad_norm"] > 0 and math.isfinite(data["actor/grad_norm"])
         assert data["actor/lr"] == pytest.approx(spec.lr)
@@ -188,7 +226,7 @@ def test_every_step_updates_the_weights_the_next_rollout_uses(runs):
 
 
 def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_failures(runs):
-    _, first, second, _, _ = runs
+    first, second = runs.first, runs.second
     for data in _training_steps(first) + _training_steps(second):
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/num_turns/max"] >= 4  # a tool call, its result, a reply
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/env_tokens/max"] > 0
@@ -207,7 +245,7 @@ def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
     """uppercase_share's agent runs as two copies, each with its own resources and environment server: the rows that
     name it were spread over both at every step (the batch's last progress line says how), and its metrics keep the
     agent's name (the checks above read them)."""
-    spec, first, second, _, _ = runs
+    spec, first, second = runs.spec, runs.first, runs.second
     spread = re.findall(rf"{UPPERCASE} on 2 copies: (\d+), (\d+) runs", spec.log_file.read_text(errors="replace"))
     runs_per_copy = [(int(a), int(b)) for a, b in spread]
     assert runs_per_copy.count((2, 2)) >= 2, runs_per_copy  # steps 1 and 2: 2 rows x 2 samples each
@@ -219,7 +257,7 @@ def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
 def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
     """Step 3: FAIL_ONCE's first verify failed, was retried and trained; FAIL_FIRST_OF_2's first sample failed on
     every try and was masked. Its sibling and every other row trained on verl's GRPO over the valid rows alone."""
-    spec, _, second, out, _ = runs
+    second, out = runs.second, runs.marker
     (step,) = _training_steps(second)
     gym = f"timing_s/nemo_gym/{FLAKY}/"
     counts = (step[f"{gym}episodes"], step[f"{gym}failed"], step[f"{gym}retried"], step[f"{gym}recovered"])
@@ -249,22 +287,38 @@ def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
     assert step[f"{gym}reward/mean"] == pytest.approx((scores[keep].sum().item() - others) / 3, abs=1e-5)
 
 
+def test_a_policy_server_killed_while_training_ends_the_job_naming_it(runs):
+    spec, second = runs.spec, runs.second
+    lines = runs.second_console.lines
+    assert second.exit_status == 1 and [s["step"] for s in second.steps] == [3], lines
+    # The launcher's last lines, then the log: its error is the launcher's report, shown on the console as it came.
+    failed = lines.index("launch: the trainer failed (exit status 1); its error, from the end of its output:")
+    assert lines[-1] == f"full log: {spec.log_file}", lines
+    cause = second.cause
+    assert cause == "\n".join(line.removeprefix("launch: ") for line in lines[failed + 1 : -1])
+    # Whoever notices first names it: the manager's health probes (RolloutAborted naming the URL), or verl, whose
+    # call to the server actor fails (Ray's ActorDiedError naming the actor's class); both were seen.
+    named_by_manager = cause.startswith("  RolloutAborted: policy server(s) ['http://") and "unreachable" in cause
+    named_by_ray = cause.startswith("  ActorDiedError: The actor died") and f"class_name: {POLICY_SERVER}" in cause
+    assert named_by_manager or named_by_ray, lines
+
+
 def test_validation_runs_before_training_per_environment(runs):
-    _, first, _, _, _ = runs
+    first = runs.first
     val = first.steps[0]
     assert val["step"] == 0
     assert any(key.startswith(f"val-core/{UPPERCASE}/") for key in val["data"])
 
 
 def test_checkpoint_written_and_resume_loads_it(runs):
-    spec, _, _, _, _ = runs
+    spec = runs.spec
     assert (spec.checkpoint_dir / "global_step_2" / "actor").is_dir()
     assert (spec.checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip() in {"2", "3"}
     assert "global_step_2" in spec.log_file.read_text().split("Training from scratch")[-1]
 
 
 def test_no_process_of_the_runs_is_left(runs):
-    _, _, _, marker, _ = runs
+    marker = runs.marker
     deadline = time.monotonic() + 30.0  # Ray's and NeMo Gym's processes take a moment to be reaped
     while (left := processes_with_env(RUN_MARKER, marker)) and time.monotonic() < deadline:
         time.sleep(1.0)
@@ -276,7 +330,7 @@ def test_no_process_of_the_runs_is_left(runs):
 
 
 def test_no_shared_memory_segment_or_socket_of_the_runs_is_left(runs):
-    *_, (started, ended) = runs
+    started, ended = runs.window
     # vLLM's ring buffers and verl's weight buckets (/dev/shm) and verl's colocated sockets (/tmp), created while the
     # runs ran and held by no process now (another test's live server may hold its own).
     assert orphans(candidates(), held_files(), since=started, until=ended) == []

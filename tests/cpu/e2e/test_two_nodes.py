@@ -7,10 +7,12 @@ address (10.x.y.1-3), host name, /etc/hosts, temporary folder and /dev/shm, each
 the bridge's address. Nothing is replaced: the jobs are submitted the way users submit them.
 - The Gym job (partition `cpu`, node `cpu1`): docs/attach-mode.md's `srun gym env start ... +use_absolute_ip=true`
   (offline venv links are the one difference), running the repository's `uppercase_share` environment.
-- The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`): a `backend: cpu` job with `cluster.nnodes:
+- The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`, submitted right after the Gym's, as users
+  submit the two: the plugin waits for the Gym while its own start-up runs): a `backend: cpu` job with `cluster.nnodes:
   2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
-  puts a relay in front of the two servers and hands Gym its address.
+  puts a relay in front of the two servers and hands Gym its address, and its two collect processes
+  (`nemo_gym.collect_processes: 2`) post the rows to the CPU node's Gym and read the results.
 Once step 2 is logged the test kills node2's Ray (every process of node2 but slurmd and its step daemons: a node lost
 mid-step). The job must end, FAILED, within the bootstrap's grace, the launcher saying it was stopped and the last line
 naming node2, and leave nothing on any node: no process in node1's or node2's namespace but slurmd, an empty temporary
@@ -176,15 +178,14 @@ def run(nodes, tmp_path_factory):
     gym_log = tmp_path / "gym-%j.log"
     gym_job = cluster.sbatch(gym_script, f"--output={gym_log}", cwd=REPO_ROOT, TMPDIR=str(network.node_temp))
     try:
-        servers = wait_for_gym(cluster, gym_job, network.addresses[GYM_NODE])
         rows = [json.loads(line) for line in UPPERCASE_ROWS.read_text().splitlines() if line.strip()][:6]
         for row in rows:
             row["responses_create_params"]["max_output_tokens"] = 16
         train = write_jsonl(rows, tmp_path / "train.jsonl")
         plugin = tmp_path / "attach.yaml"
         plugin.write_text(
-            f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n"
-            "timeouts: {startup_s: 300, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
+            f"nemo_gym:\n  attach:\n    head_server_url: http://{GYM_NODE}:{GYM_PORT}\n  collect_processes: 2\n"
+            "timeouts: {startup_s: 600, batch_s: 900, health_check_interval_s: 2, policy_health_timeout_s: 2}\n"
             "failures: {max_fraction: 0.0}\n"
         )
         job = slurm_jobs.write_job(
@@ -209,9 +210,24 @@ def run(nodes, tmp_path_factory):
                 "val_before_train": False,
             },
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
-            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0"],
+            # Each node's vLLM engine holds 128 MiB of KV cache (131,072 tokens of the tiny model), not the CPU
+            # backend's 512: vLLM fills it with zeros, so two engines' 1 GiB was resident beside the other worker's
+            # modules (the suite's peak, 17.1 GiB, 2026-11-29).
+            verl_overrides=[
+                "data.shuffle=false",
+                "data.dataloader_num_workers=0",
+                f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={128 * 2**20}",
+            ],
         )
-        kill = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
+        kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
+        servers = []
+
+        def while_running(job_id: str) -> None:
+            # The trainer's job goes in at once, as users submit the two: its start-up overlaps the Gym's, and the
+            # plugin waits for the Gym (`timeouts.startup_s`).
+            servers[:] = wait_for_gym(cluster, gym_job, network.addresses[GYM_NODE])
+            kill_node2(job_id)
+
         started = time.monotonic()
         with MemoryPeak() as memory:
             record, log, left = slurm_jobs.submit_ray_job(
@@ -221,7 +237,7 @@ def run(nodes, tmp_path_factory):
                 nodes=2,
                 partition="gpu",
                 timeout_s=1500,
-                while_running=kill,
+                while_running=while_running,
                 JOB=str(job),
                 NEMO_GYM_HEAD_SERVER_URL=f"http://{GYM_NODE}:{GYM_PORT}",
                 TMPDIR=str(network.node_temp),  # each node's own /tmp, as on a cluster
@@ -234,13 +250,13 @@ def run(nodes, tmp_path_factory):
         )
         print(
             f"two nodes: {network.addresses}; job {record.get('JobId')} {record.get('JobState')} in {wall_s:.0f} s "
-            f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill.killed}"
+            f"(RunTime={record.get('RunTime')}); peak memory {memory.peak / 2**30:.1f} GiB; killed: {kill_node2.killed}"
         )
         gym_record = stop_gym_job(cluster, gym_job)
         gym_after = cluster.describe(node_processes(cluster, GYM_NODE))
         yield {
             "record": record, "log": log, "left": left, "after": after, "servers": servers, "gym_alive": gym_alive,
-            "killed": kill.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
+            "killed": kill_node2.killed, "endpoint_file": endpoint_file, "network": network, "gym_record": gym_record,
             "gym_after": gym_after,
         }  # fmt: skip
     finally:
@@ -281,6 +297,8 @@ def test_main_ppo_trains_across_two_nodes_against_a_gym_on_a_cpu_node(run):
         assert metrics["training/rollout_probs_diff_max"] < 1e-6, failure  # token-exact across the nodes
         assert metrics["actor/grad_norm"] > 0, failure
     assert not re.search(r"\bstep:3 - ", log), failure
+    # The rows were posted, and the results read into episodes, by the manager's two collect processes.
+    assert re.search(r"NeMo Gym: 2 collect processes post the rows and read the results \(pids \d+, \d+;", log), failure
 
 
 def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_left_clean(run):

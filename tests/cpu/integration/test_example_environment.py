@@ -59,7 +59,7 @@ def blend(tmp_path_factory: pytest.TempPathFactory):
                 "venv_dir": tmp / "cache" / "nemo_gym_venvs",
                 "log_dir": tmp / "logs",
             }
-            raw["timeouts"] = {"startup_s": 300}
+            raw["timeouts"] = {"startup_s": 600}
             runtime = start_gym(NeMoGymConfig.model_validate(raw), policy_servers(stub.url, "tiny-qwen3"))
         yield runtime
     finally:

@@ -79,7 +79,7 @@ def server_process(runtime: OwnedGym, name: str) -> psutil.Process:
     return next(p for p in [wrapper, *wrapper.children(recursive=True)] if "app.py" in " ".join(p.cmdline()))
 
 
-def config_for(tmp: Path, head_port: int, startup_s: float = 300.0, **nemo_gym) -> NeMoGymConfig:
+def config_for(tmp: Path, head_port: int, startup_s: float = 600.0, **nemo_gym) -> NeMoGymConfig:
     """The workplace and math environments, their servers' venv links under `tmp`."""
     venvs = tmp / "cache" / "nemo_gym_venvs"
     return gym_config((WORKPLACE, MATH), head_port, timeouts={"startup_s": startup_s}, venv_dir=venvs, **nemo_gym)
@@ -130,7 +130,7 @@ from tests.support.gym_runtime import gym_config, policy_servers, start_gym
 port, tmp, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 config = gym_config(
     ["resources_servers/math_with_judge/configs/math_with_judge.yaml"], port,
-    timeouts={"startup_s": 300}, venv_dir=tmp / "cache" / "nemo_gym_venvs",
+    timeouts={"startup_s": 600}, venv_dir=tmp / "cache" / "nemo_gym_venvs",
 )
 policy = policy_servers("http://127.0.0.1:9/v1", "m")
 if mode == "sigterm":
@@ -403,7 +403,7 @@ def test_a_failure_row_of_gyms_environment_server_comes_back_as_that_rows_typed_
     repo = REPO_ROOT
     (tmp_path / "episode_server.yaml").write_text(EPISODE_SERVER)
     paths = ("resources_servers/uppercase_share/configs/uppercase_share.yaml", str(tmp_path / "episode_server.yaml"))
-    config = gym_config(paths, free_port(), timeouts={"startup_s": 300}, venv_dir=tmp_path / "cache" / "venvs")
+    config = gym_config(paths, free_port(), timeouts={"startup_s": 600}, venv_dir=tmp_path / "cache" / "venvs")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(repo)  # our environment's folder resolves against the current directory
         runtime = start_gym(config, policy_servers(policy.url, "tiny-qwen3"))
@@ -429,7 +429,7 @@ def test_a_row_its_environment_masks_comes_back_masked_and_counted_by_cause(
 ) -> None:
     """A real Gym 0.7 resources server's verify sets `mask_sample` (tests/cpu/gym_envs/.../mask_on_request)."""
     paths = ["resources_servers/mask_on_request/configs/mask_on_request.yaml"]
-    config = gym_config(paths, free_port(), timeouts={"startup_s": 300}, venv_dir=tmp_path / "cache" / "venvs")
+    config = gym_config(paths, free_port(), timeouts={"startup_s": 600}, venv_dir=tmp_path / "cache" / "venvs")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(GYM_ENVS)  # Gym finds the test environment under the current directory
         runtime = start_gym(config, policy_servers(policy.url, "tiny-qwen3"))

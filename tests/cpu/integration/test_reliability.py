@@ -11,7 +11,7 @@ and error bodies captured from the running stack, are tested in `tests/cpu/unit/
 
 What the manager does on verl's own vLLM rollout is tested where one runs anyway: an unknown agent and verl's
 `_validate` in `test_end_to_end.py` (the shared engine); verl's vLLM server actor killed while a batch waits on it
-in `test_multiturn_http.py` (its own engine), and during training in `e2e/test_attach_training.py`.
+in `test_multiturn_http.py` (its own engine), and during training in `e2e/test_main_ppo.py`.
 
 Every figure a test measures (seconds until an error, counts) is printed: run with `-s` to see them.
 """

@@ -202,7 +202,9 @@ def _parent_pids() -> dict[int, int]:
                 line = stat.read()
         except OSError:  # exited since the listing
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")".
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")". The same
+        # parse as `recipe/nemo_gym/process_group.live_members`; not imported from there, because this module runs
+        # standalone (`python -I`, the plugin's package not importable) so that it outlives the trainer.
         parents[int(name)] = int(line[line.rindex(b")") + 2 :].split(maxsplit=2)[1])
     return parents
 

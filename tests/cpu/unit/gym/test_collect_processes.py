@@ -4,7 +4,7 @@ episodes by real child processes, under `collect.run_examples_in_order` as the m
 
 The agents here are small aiohttp servers in this process that answer `/run` with results in NeMo Gym's shape
 (`tests.support.results.synthetic_result`): a stand-in for Gym's agent servers, which would cost a Gym stack. The
-real Gym and `main_ppo` run with collect processes in `tests/cpu/e2e/test_attach_training.py`.
+real Gym and `main_ppo` run with collect processes in `tests/cpu/e2e/test_two_nodes.py` (attach mode, two nodes).
 """
 
 from __future__ import annotations

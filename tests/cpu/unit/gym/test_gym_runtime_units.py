@@ -535,3 +535,24 @@ def test_any_other_start_up_failure_or_a_second_one_is_raised(monkeypatch, first
     with pytest.raises(GymServerDied):
         OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None)
     assert len(deadlines) == (2 if missed_ray_start(first) else 1)
+
+
+def test_the_test_supports_gym_keeps_its_loop_open_through_a_start_made_once_more(monkeypatch, tmp_path) -> None:
+    """`start_gym` (tests/support/gym_runtime.py) makes the loop its Gym closes at shutdown. A first attempt that
+    fails on Ray's start-up deadline is shut down before `OwnedGym.start` tries again on the same loop: that
+    shutdown must leave the loop open (2026-11-29: it closed it, and every batch of the started Gym then failed)."""
+    attempts = []
+
+    def start(self, deadline):  # one launcher run: the first ends as Ray's missed deadline does
+        attempts.append(self)
+        if len(attempts) == 1:
+            raise GymServerDied(RAY_MISSED, [LAUNCHER])
+
+    monkeypatch.setattr(OwnedGym, "_start", start)
+    config = gym_config([MATH], free_port(), timeouts={"startup_s": 60}, venv_dir=tmp_path / "venvs")
+    gym = start_gym(config, policy_servers("http://127.0.0.1:1/v1"))
+    assert len(attempts) == 2 and attempts[1] is gym
+    assert gym.loop.run(asyncio.sleep(0, result="open"), timeout=5, what="a no-op") == "open"
+    gym.shutdown()
+    with pytest.raises(RuntimeError, match="is closed"):
+        gym.loop.run(asyncio.sleep(0), timeout=5, what="a no-op")

@@ -16,6 +16,7 @@ from tests.support.suite_cost import (
     ModuleCost,
     RunCost,
     format_report,
+    format_speeds,
     largest_processes,
     memory_in_use,
     report,
@@ -78,8 +79,21 @@ def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folde
     assert sampler.wait(timeout=30) == 0
     memory = json.loads((tmp_path / "memory.json").read_text())
     assert 0 < memory["start_bytes"] <= memory["peak_bytes"] < memory["total_bytes"]
+    probe = [sys.executable, "-m", "tests.support.suite_cost", "probe", str(tmp_path), "after"]
+    subprocess.run(probe, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True)
     text = report(tmp_path)
     assert "run gym-0.7: 1.0 min wall, 1 tests" in text and "peak memory in use: " in text
+    assert text.splitlines()[-1].startswith("the machine's speed: a fixed single-core Python workload took ")
+    assert text.splitlines()[-1].endswith(" ms after the run (median of 7; lower is faster)")
+
+
+def test_the_machines_speed_is_the_probes_median_at_each_moment_it_ran():
+    speeds = {"before": [0.050, 0.040, 0.045], "after": [0.100, 0.090, 0.110, 0.095]}
+    assert format_speeds(speeds) == (
+        "the machine's speed: a fixed single-core Python workload took 45 ms before the run, 98 ms after the run "
+        "(median of 3/4; lower is faster)"
+    )
+    assert format_report([], None, speeds=speeds).splitlines()[-1] == format_speeds(speeds)
 
 
 def test_the_largest_processes_are_listed_largest_first_with_their_command_lines():
