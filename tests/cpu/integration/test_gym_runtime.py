@@ -32,6 +32,8 @@ import pytest
 from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
+from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.owned.environment import LEAN_RAY
 from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
@@ -285,6 +287,22 @@ def test_started_stack_is_ready_and_healthy(stack: OwnedGym) -> None:
     assert {p.pid for p in gym_tree(stack.test_mark)} - {stack._watchdog.pid} <= pids
     logs = {f.name for f in stack.config.nemo_gym.log_dir.iterdir()}
     assert logs == {f"{n}.log" for n in expected} | {"gym_launcher.log"}
+
+
+def test_gym_joins_a_lean_ray_the_plugin_started_with_no_dashboard_and_no_idle_workers(stack: OwnedGym) -> None:
+    section = stack.config.nemo_gym
+    gym_config = HeadClient(section.head_server.host, section.head_server.port, timeout_s=5.0).config()
+    _, port = gym_config["ray_head_node_address"].rsplit(":", 1)
+    tree = gym_tree(stack.test_mark)
+    names = {p.pid: " ".join(p.cmdline()) for p in tree}
+    # What the plugin started: lean_ray.py, with Gym's launcher as its child.
+    leader = psutil.Process(stack._tree.launcher.pid)
+    assert str(LEAN_RAY) in " ".join(leader.cmdline())
+    gcs = [p for p in tree if "gcs_server" in names[p.pid]]
+    assert len(gcs) == 1 and gcs[0].ppid() == leader.pid  # one Ray, lean_ray.py's
+    assert int(port) in {c.laddr.port for c in gcs[0].net_connections() if c.status == psutil.CONN_LISTEN}
+    # Ray's defaults, gone: the dashboard's module processes and a prestarted worker per CPU.
+    assert not [n for n in names.values() if n.startswith(("ray-dashboard-", "ray::IDLE"))], sorted(names.values())
 
 
 def test_collect_returns_results_in_input_order(stack: OwnedGym) -> None:
