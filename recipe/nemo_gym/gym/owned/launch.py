@@ -8,14 +8,13 @@ Contract:
   and that the head server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4)
   from that environment as a process tree of its own: a new session, SIGINT at its default action, no `RAY_*`
   variable and a private `RAY_TMPDIR`, under `lean_ray.py` (a private Ray for Gym, never the trainer's, without
-  Ray's dashboard or prestarted workers), offline (each server's venv
-  is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym reads the
-  plugin's keys last (`job_config.global_config`). It returns once the head server lists the servers and every
-  one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes,
-  everything started is stopped and the error names what failed and shows the last lines of its log. One start-up
-  failure is retried, once and within the same deadline: Gym's launcher ending because its own Ray missed Ray's
-  fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause and a second start does not
-  meet again.
+  Ray's dashboard or prestarted workers), offline (each server's venv is a link to a shim that runs the Gym
+  environment's interpreter, so no server builds a venv). Gym reads the plugin's keys last
+  (`job_config.global_config`). It returns once the head server lists the servers and every one answers HTTP,
+  within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes, everything started is
+  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
+  once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
+  (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.

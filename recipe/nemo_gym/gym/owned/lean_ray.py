@@ -6,8 +6,9 @@ plugin; `environment.launcher_argv` puts it in front of Gym's launcher.
 
 Why: Gym's launcher always starts a Ray of its own unless its config names one (`initialize_ray`, nemo_gym
 0.7.0 `server_utils.py`; each server did on 0.4), and starts it with Ray's defaults: a dashboard (a head process and
-nine module processes, 1.2 GiB resident here, 2026-11-29) and one idle Python worker per CPU prestarted for the
-first driver. Nothing of Gym reads the dashboard, and a worker per CPU is a lot on a training node.
+nine module processes) and one idle Python worker per CPU prestarted for the first driver. Nothing of Gym reads the
+dashboard, and a worker per CPU is a lot on a training node. Measured for math + workplace (7 servers, 2 cores,
+2026-11-29): 30 processes instead of 42, 0.26-0.29 GiB less memory in use, 8% less CPU to start.
 
 Contract:
 - SIGINT's default action is restored first: a process started from a non-interactive shell's `cmd &` inherits
@@ -36,8 +37,10 @@ def main(launcher: list[str]) -> int:
 
     ray.init(include_dashboard=False)
     address = ray.get_runtime_context().gcs_address
+    # From here a SIGINT to the group is the launcher's to act on (a Python handler is not inherited, so the launcher
+    # gets SIGINT's default action): this process waits for its orderly stop.
+    signal.signal(signal.SIGINT, lambda *_: None)
     child = subprocess.Popen([*launcher, f"+ray_head_node_address='{address}'"])
-    signal.signal(signal.SIGINT, lambda *_: None)  # the launcher got it too: wait for its orderly stop
     code = child.wait()
     ray.shutdown()
     if code < 0:
