@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Iterable
@@ -119,15 +120,9 @@ def speed_probe(repeats: int = PROBE_REPEATS) -> list[float]:
     return times
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def format_speeds(speeds: dict[str, list[float]]) -> str:
     """One line: the probe's median time at each moment it ran (`speeds`: when -> seconds of each repeat)."""
-    parts = [f"{median(times) * 1000:.0f} ms {when} the run" for when, times in speeds.items()]
+    parts = [f"{statistics.median(times) * 1000:.0f} ms {when} the run" for when, times in speeds.items()]
     repeats = {len(times) for times in speeds.values()}
     return (f"the machine's speed: a fixed single-core Python workload took {', '.join(parts)} (median of "
             f"{'/'.join(str(n) for n in sorted(repeats))}; lower is faster)")  # fmt: skip

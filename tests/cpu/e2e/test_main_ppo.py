@@ -53,7 +53,7 @@ from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_j
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy.episodes import example_episodes_policy
-from tests.support.engine import scripted_overrides
+from tests.support.engine import TEST_KV_CACHE, scripted_overrides
 from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
@@ -174,7 +174,7 @@ def runs(tmp_path_factory):
         lr=1e-2,
         save_freq=2,
         val_before_train=True,
-        extra_overrides=(*scripted_overrides(script), "data.shuffle=false"),
+        extra_overrides=(*scripted_overrides(script), TEST_KV_CACHE, "data.shuffle=false"),
     )
     started = time.time()
     with pytest.MonkeyPatch.context() as patch:

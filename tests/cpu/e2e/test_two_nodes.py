@@ -40,6 +40,7 @@ from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support import netns_nodes, slurm_cluster, slurm_jobs
+from tests.support.engine import TEST_KV_CACHE
 from tests.support.external_gym import attach_command, gym_bin_dir, offline_gym_arguments
 from tests.support.helpers import REPO_ROOT
 from tests.support.netns_nodes import NodeNetwork
@@ -210,14 +211,9 @@ def run(nodes, tmp_path_factory):
                 "val_before_train": False,
             },
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
-            # Each node's vLLM engine holds 128 MiB of KV cache (131,072 tokens of the tiny model), not the CPU
-            # backend's 512: vLLM fills it with zeros, so two engines' 1 GiB was resident beside the other worker's
-            # modules (the suite's peak, 17.1 GiB, 2026-11-29).
-            verl_overrides=[
-                "data.shuffle=false",
-                "data.dataloader_num_workers=0",
-                f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={128 * 2**20}",
-            ],
+            # Each node's engine holds the tests' 128 MiB of KV cache: at the CPU backend's 512, two engines' 1 GiB
+            # was resident beside the other worker's modules (the suite's peak, 17.1 GiB, 2026-11-29).
+            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0", TEST_KV_CACHE],
         )
         kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
         servers = []

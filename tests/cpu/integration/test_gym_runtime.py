@@ -4,7 +4,8 @@
 The servers are those of the Gym environment the plugin runs (`.venv-gym`, Gym 0.7, unless `NEMO_GYM_ENV` names
 another: the suite runs this module on 0.4.0 too): `workplace_assistant`, `math_with_judge` with the judge off,
 their `simple_agent`s, 0.7's environment servers in front of them, the training `vllm_model`, started by Gym's own
-launcher with its own Ray. The one stand-in is the policy: a small HTTP server that answers
+launcher under the plugin's lean private Ray (`lean_ray.py`). The stand-ins: in one test, a few lines in place of
+Gym's launcher under `lean_ray.py` (to end it at will); and the policy, a small HTTP server that answers
 `/v1/chat/completions` and `/tokenize` the way verl's vLLM server does (its real engine is too slow for these
 tests' many batches), steered per request by markers in the prompt (answer, delay, HTTP 500, hang).
 
@@ -19,9 +20,12 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +36,8 @@ import pytest
 from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
+from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.owned.environment import LEAN_RAY, clean_environment, inspect_environment, locate_environment
 from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
@@ -190,6 +196,38 @@ def _run_child_until_servers_exist(tmp_path: Path, mode: str) -> tuple[psutil.Po
     return child, port, mark
 
 
+# `lean_ray.py` in front of a stand-in launcher (a few lines of Python that report their arguments, then end as told):
+# what it hands the launcher, and how it ends.
+STAND_IN_LAUNCHER = """
+import os, signal, sys
+print("launcher args:", sys.argv[1:], flush=True)
+how = os.environ["STAND_IN_END"]
+if how == "SIGTERM":
+    os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(int(how))
+"""
+
+
+@pytest.mark.parametrize("end", ["3", "SIGTERM"])
+def test_lean_ray_hands_the_launcher_its_rays_address_and_ends_as_the_launcher_ended(end: str) -> None:
+    python = str(inspect_environment(locate_environment(None)).python)
+    # A short folder for Ray's sockets (107 bytes at most), as OwnedGym gives it.
+    with tempfile.TemporaryDirectory(prefix="lr-") as ray_tmp:
+        env = {**clean_environment(os.environ), "RAY_TMPDIR": ray_tmp, "STAND_IN_END": end}
+        holder = subprocess.run(
+            [python, str(LEAN_RAY), python, "-c", STAND_IN_LAUNCHER, "+config_paths=[a.yaml]"],
+            env=env, capture_output=True, text=True, timeout=120, start_new_session=True,
+        )  # fmt: skip
+        ray_left = [p.pid for p in psutil.process_iter(["cmdline"]) if ray_tmp in " ".join(p.info["cmdline"] or [])]
+    args = re.search(r"launcher args: \[(.*)\]", holder.stdout)
+    assert args, holder.stdout + holder.stderr
+    given, address = args.group(1).split(", ")
+    assert given == "'+config_paths=[a.yaml]'"
+    assert re.fullmatch(r"\"\+ray_head_node_address='[0-9.]+:[0-9]+'\"", address), address
+    assert holder.returncode == (-signal.SIGTERM if end == "SIGTERM" else 3), holder.stderr[-3000:]
+    assert ray_left == []  # lean_ray.py stopped its Ray before it ended
+
+
 def test_sigterm_of_the_trainer_stops_servers_and_chains_the_previous_handler(tmp_path: Path) -> None:
     child, port, mark = _run_child_until_servers_exist(tmp_path, "sigterm")
     child.terminate()
@@ -285,6 +323,22 @@ def test_started_stack_is_ready_and_healthy(stack: OwnedGym) -> None:
     assert {p.pid for p in gym_tree(stack.test_mark)} - {stack._watchdog.pid} <= pids
     logs = {f.name for f in stack.config.nemo_gym.log_dir.iterdir()}
     assert logs == {f"{n}.log" for n in expected} | {"gym_launcher.log"}
+
+
+def test_gym_joins_a_lean_ray_the_plugin_started_with_no_dashboard_and_no_idle_workers(stack: OwnedGym) -> None:
+    section = stack.config.nemo_gym
+    gym_config = HeadClient(section.head_server.host, section.head_server.port, timeout_s=5.0).config()
+    _, port = gym_config["ray_head_node_address"].rsplit(":", 1)
+    tree = gym_tree(stack.test_mark)
+    names = {p.pid: " ".join(p.cmdline()) for p in tree}
+    # What the plugin started: lean_ray.py, with Gym's launcher as its child.
+    leader = psutil.Process(stack._tree.launcher.pid)
+    assert str(LEAN_RAY) in " ".join(leader.cmdline())
+    gcs = [p for p in tree if "gcs_server" in names[p.pid]]
+    assert len(gcs) == 1 and gcs[0].ppid() == leader.pid  # one Ray, lean_ray.py's
+    assert int(port) in {c.laddr.port for c in gcs[0].net_connections() if c.status == psutil.CONN_LISTEN}
+    # Ray's defaults, gone: the dashboard's module processes and a prestarted worker per CPU.
+    assert not [n for n in names.values() if n.startswith(("ray-dashboard-", "ray::IDLE"))], sorted(names.values())
 
 
 def test_collect_returns_results_in_input_order(stack: OwnedGym) -> None:

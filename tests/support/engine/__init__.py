@@ -15,6 +15,14 @@ SCRIPT_ENV = "NEMO_GYM_CPU_POLICY_SCRIPT"
 SCRIPTED_PROCESSOR = "tests.support.engine.scripted_logits:ScriptedLogitsProcessor"
 """vLLM's `module:qualname` form of a logits processor class."""
 
+TEST_KV_CACHE_BYTES = 128 * 2**20
+TEST_KV_CACHE = f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={TEST_KV_CACHE_BYTES}"
+"""The KV cache of the tests' own engines and training jobs: 128 MiB (131,072 tokens of the tiny model) where the CPU
+backend gives 512, since vLLM's CPU build fills it at start and so all of it is resident. It holds 14 sequences of the
+longest a test allows (9,216 tokens); vLLM schedules requests within it. The suite's shared engine, which serves
+512 episodes at once, keeps the backend's 512 MiB. Two engines at 512 MiB (a trainer's and a module's) were the
+suite's peak, 18.2 GiB (2026-11-29)."""
+
 
 def scripted_overrides(script_file: str | os.PathLike) -> list[str]:
     """What plays `script_file` inside verl's vLLM engine in a `main_ppo` job (`scripted_logits.py`): the logits

@@ -31,7 +31,7 @@ import psutil
 
 from recipe.nemo_gym.cpu_backend.overrides import cpu_env, cpu_overrides
 from recipe.nemo_gym.leftovers import remove_leftovers
-from tests.support.engine import SCRIPT_ENV, SCRIPTED_PROCESSOR
+from tests.support.engine import SCRIPT_ENV, SCRIPTED_PROCESSOR, TEST_KV_CACHE
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,6 +44,7 @@ def standalone_overrides(*, replicas: int = 1, scripted: bool = False) -> list[s
         "actor_rollout_ref.rollout.nnodes=1",
         f"actor_rollout_ref.rollout.n_gpus_per_node={replicas}",
         "actor_rollout_ref.rollout.load_format=auto",
+        TEST_KV_CACHE,
     ]
     if scripted:
         overrides += [

@@ -153,12 +153,8 @@ def clean_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     return {k: v for k, v in environ.items() if not k.startswith("RAY_") and k not in dropped}
 
 
-# Restores SIGINT's default action, then becomes the launcher. A process started from a non-interactive shell's
-# `cmd &` (and so any child of it) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored: such a
-# launcher would ignore the SIGINT that stops the tree gracefully.
-_EXEC_WITH_SIGINT = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-)
+# Gym's launcher runs under this script (Gym's own Python runs it): a lean private Ray for it (see its docstring).
+LEAN_RAY = Path(__file__).with_name("lean_ray.py")
 
 
 def launcher_argv(env: GymEnvironment, config_paths: Sequence[str]) -> list[str]:
@@ -171,7 +167,7 @@ def launcher_argv(env: GymEnvironment, config_paths: Sequence[str]) -> list[str]
         command = [str(env.bin_dir / "gym"), "env", "start"]
     else:
         command = [str(env.bin_dir / "ng_run")]
-    return [str(env.python), "-c", _EXEC_WITH_SIGINT, *command, f"+config_paths=[{quoted}]"]
+    return [str(env.python), str(LEAN_RAY), *command, f"+config_paths=[{quoted}]"]
 
 
 def main(argv: Sequence[str]) -> int:

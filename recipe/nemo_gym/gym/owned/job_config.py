@@ -74,8 +74,8 @@ def global_config(
     """The keys the plugin sets in NeMo Gym's configuration, written to the config file Gym reads last.
 
     Gym merges its config files in order, so this one's keys win over the environments' configs (a key given on
-    Gym's command line would win over it; the launcher passes only `config_paths` there). No
-    `ray_head_node_address`: Gym starts a Ray of its own.
+    Gym's command line would win over it; the plugin passes only `config_paths` there, and `lean_ray.py` the
+    `ray_head_node_address` of the private Ray it starts for Gym).
     """
     # Gym 0.7's launcher probes every model endpoint before it reports ready, and exits after this long without an
     # answer. The plugin finds verl's servers itself and health-checks them during batches (`health.PolicyWatch`);

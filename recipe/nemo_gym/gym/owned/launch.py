@@ -7,22 +7,22 @@ Contract:
   0.4.x or 0.7.x, is read from it, and any other is refused naming it), checks that every config path exists
   and that the head server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4)
   from that environment as a process tree of its own: a new session, SIGINT at its default action, no `RAY_*`
-  variable and a private `RAY_TMPDIR` (Gym starts its own Ray, never the trainer's), offline (each server's venv
-  is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym reads the
-  plugin's keys last (`job_config.global_config`). It returns once the head server lists the servers and every
-  one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes,
-  everything started is stopped and the error names what failed and shows the last lines of its log. One start-up
-  failure is retried, once and within the same deadline: Gym's launcher ending because its own Ray missed Ray's
-  fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause and a second start does not
-  meet again.
+  variable and a private `RAY_TMPDIR`, under `lean_ray.py` (a private Ray for Gym, never the trainer's, without
+  Ray's dashboard or prestarted workers), offline (each server's venv is a link to a shim that runs the Gym
+  environment's interpreter, so no server builds a venv). Gym reads the plugin's keys last
+  (`job_config.global_config`). It returns once the head server lists the servers and every one answers HTTP,
+  within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes, everything started is
+  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
+  once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
+  (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.
 - `health()` / `check_health()` are cheap (process liveness of the launcher and of every server, `liveness.py`;
   HTTP only on request) and name dead servers.
-- `shutdown()` sends the launcher's process group SIGINT (Gym's own orderly stop: servers, then its Ray), SIGKILLs
-  whatever is left after `timeouts.shutdown_grace_s`, removes the run's private folder (the job config, Ray's
-  session files, the logs unless `nemo_gym.log_dir` keeps them elsewhere), then closes the connection (its aiohttp
+- `shutdown()` sends the launcher's process group SIGINT (Gym's own orderly stop: its servers, then its Ray),
+  SIGKILLs whatever is left after `timeouts.shutdown_grace_s`, removes the run's private folder (the job config,
+  Ray's session files, the logs unless `nemo_gym.log_dir` keeps them elsewhere), then closes the connection (its aiohttp
   session, on `loop`, skipped if the loop is already closed). Idempotent; also runs at interpreter exit (verl
   never calls it). On SIGTERM of this process every process started is sent SIGKILL at once (`kill_now`; a Ray
   actor such as verl's TaskRunner is SIGKILLed ~0.1 s after its SIGTERM), then the SIGTERM handler already
@@ -82,7 +82,7 @@ _POLL_S = 1.0
 # How Gym's launcher names a server whose process ended during start-up (RunHelper.poll, 0.4.0 and 0.7.0).
 _FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 # Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
-# ray/_private/node.py, Ray 2.60; not configurable). Gym's launcher starts a Ray of its own and exits with it.
+# ray/_private/node.py, Ray 2.60; not configurable). `lean_ray.py` starts Gym's Ray and exits with it.
 RAY_START_TIMEOUT = "The current node timed out during startup"
 
 

@@ -137,12 +137,11 @@ def watch(read_fd: int, poll_s: float = 1.0) -> None:
                 if line.startswith(b"r"):
                     folders.append(os.fsdecode(line[1:]))
                     continue
-                with contextlib.suppress(psutil.Error):
-                    _remember(watched, psutil.Process(int(line)))
+                _remember(watched, int(line))
         _add_descendants(watched)
     _add_descendants(watched)
     for proc in session_members(sessions):
-        _remember(watched, proc)
+        _remember(watched, proc.pid)
     for proc in watched.values():
         with contextlib.suppress(psutil.Error):
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
@@ -165,10 +164,12 @@ def session_members(sessions: set[int]) -> list[psutil.Process]:
     return members
 
 
-def _remember(watched: dict[int, psutil.Process], proc: psutil.Process) -> None:
-    known = watched.get(proc.pid)
-    if known is None or not known.is_running():  # a pid reused by a new process: watch the new one
-        watched[proc.pid] = proc
+def _remember(watched: dict[int, psutil.Process], pid: int) -> None:
+    """Watch `pid`, unless it is watched already; a `psutil.Process` (a read of /proc) only for a new process."""
+    known = watched.get(pid)
+    if known is None or not _is_running(known):  # new, or a pid reused by a new process: watch the new one
+        with contextlib.suppress(psutil.Error):
+            watched[pid] = psutil.Process(pid)
 
 
 def _add_descendants(watched: dict[int, psutil.Process]) -> None:
@@ -185,8 +186,7 @@ def _add_descendants(watched: dict[int, psutil.Process]) -> None:
         for child in children.get(frontier.pop(), ()):
             if child not in seen:
                 seen.add(child)
-                with contextlib.suppress(psutil.Error):
-                    _remember(watched, psutil.Process(child))
+                _remember(watched, child)
                 frontier.append(child)
 
 

@@ -24,7 +24,7 @@ from tests.support.helpers import REPO_ROOT, alive
 
 TRAINER = r"""
 import json, subprocess, sys, time
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog, _parent_pids
+from recipe.nemo_gym.gym.owned.watchdog import Watchdog
 
 watchdog = Watchdog.spawn()
 # A wrapper shell whose children are the "server" (as NeMo Gym's `( cmd ) | tee log` wrappers are).
