@@ -31,6 +31,9 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 (`nemo_gym.replicas`); the report gives CPU per model call by role (manager, relay, agent, model server, resources
 server, policy server), all of a role's processes together and its busiest one alone. Run it under `taskset -c ...`
 to measure on fewer cores (the report says how many it had).
+`--batches B` measures B batches of `--episodes` one after another (the same rows, episodes and calls summed): few
+episodes in flight keep the machine below saturation, so that CPU per call is compared without the contention of a
+full batch on two cores.
 `--collect-processes N` has the manager post the rows and read the results in N child processes
 (`nemo_gym.collect_processes`), reported as the role "collect process"; they start with the first batch, so it needs
 `--warmup W`, a first batch of W episodes that is not measured (it may be given alone too, for comparison).
@@ -428,7 +431,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_episodes": args.warmup,
         "cpus": len(os.sched_getaffinity(0)),
         "direct_to_agent": args.direct_to_agent,
-        "episodes": args.episodes,
+        "episodes": args.episodes * args.batches,
+        "batches": args.batches,
     }
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     model_dir = tiny_qwen3_dir()
@@ -526,17 +530,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             if policy_pid:
                 watched[policy_pid] = POLICY_SERVER
+            results = []
             with FDSampler(watched, args.sample_interval_s) as sampler:
                 t0 = time.perf_counter()
-                output = manager.generate_sequences(batch)
+                for _ in range(args.batches):
+                    output = manager.generate_sequences(batch)
+                    results += manager.last_results
                 wall = time.perf_counter() - t0
-            results = manager.last_results
             rewards = [reward_of(r) for r in results if not isinstance(r, EpisodeFailure)]
             calls = sum(model_calls(r) for r in results if not isinstance(r, EpisodeFailure))
             processes = sampler.report()
             orchestration_cpu_s = sum(row["cpu_s"] for row in processes if row["name"] != POLICY_SERVER)
             kinds = {s.name: s.server_type for s in runtime.servers}
-            expected = [expected_reward(args.env, row) for row in rows[: args.episodes]]
+            expected = [expected_reward(args.env, row) for row in rows[: args.episodes]] * args.batches
             if collectors is None:
                 connector = runtime.connection._session.connector  # noqa: SLF001 - the client the rows were posted on
                 limits = {"limit": connector.limit, "limit_per_host": connector.limit_per_host}
@@ -545,7 +551,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report.update(
                 {
                     "batch_wall_s": wall,
-                    "episodes_per_s": args.episodes / wall,
+                    "episodes_per_s": args.episodes * args.batches / wall,
                     "model_calls": calls,
                     "tokens_per_episode": float(output.batch["attention_mask"].sum(-1).float().mean()),
                     "calls_per_s": calls / wall,
@@ -553,7 +559,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "orchestration_cpu_ms_per_call": 1000 * orchestration_cpu_s / max(calls, 1),
                     "output_rows": len(output),
                     "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
-                    "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],
+                    "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],  # the last batch's
                     "retried": output.meta_info["timing"]["nemo_gym/all/retried"],
                     "recovered": output.meta_info["timing"]["nemo_gym/all/recovered"],
                     "rewards_match": rewards == expected,
@@ -612,6 +618,9 @@ def main() -> None:
     parser.add_argument(
         "--filler-words", type=int, default=0, help="--env weather: words the policy writes before each tool call"
     )
+    parser.add_argument(
+        "--batches", type=int, default=1, help="measure this many batches of --episodes, one after another"
+    )
     parser.add_argument("--warmup", type=int, default=0, help="run a batch of this many episodes first (not measured)")
     parser.add_argument("--policy-address", default=None, help="host:port of a running policy server (verl's vLLM)")
     parser.add_argument("--policy-pid", type=int, default=None, help="its pid, to sample its FDs too")
@@ -629,6 +638,8 @@ def main() -> None:
     args = parser.parse_args()
     if (args.turns != 2 or args.filler_words) and args.env != "weather":
         parser.error("--turns and --filler-words are for --env weather")
+    if args.batches < 1:
+        parser.error("--batches must be at least 1")
     if args.turns < 1:
         parser.error("--turns must be at least 1")
     if args.collect_processes and not args.warmup:

@@ -6,10 +6,12 @@
 Two lanes run side by side, as the suite's two workers do: the heavy modules (`tests/cpu/conftest.py`'s
 `HEAVY_MODULES` and `HEAVY_WHEN_SHUFFLED`) one after another in one, the rest one after another in the other. So
 each module runs alone in its session, with nothing shared: the shared engine is started for each module that uses
-it. Each lane has its own temporary folder (`/tmp/h`, `/tmp/o`), so the session-end leftover check of one lane never
-sees the other's files; a training run's own folder goes in `/tmp` there (its Ray's socket paths would not fit under
-`<lane>/ngs-*`: `recipe/nemo_gym/launch/cluster.py`), where neither lane's check looks. /dev/shm is one per machine,
-so those checks leave it out (`NG_SUITE_SHM_SHARED=1`); the full suite, one session, checks it. Writes one log per
+it. Each lane has its own temporary folder, `h` and `o` in the one this module was started with (`/tmp/h`,
+`/tmp/o`), so the session-end leftover check of one lane never sees the other's files, and a run started from inside a
+lane (this module's own test, run by this module) empties folders of its own, not its caller's. A training run's own
+folder goes in `/tmp` there (its Ray's socket paths would not fit under `<lane>/ngs-*`:
+`recipe/nemo_gym/launch/cluster.py`), where neither lane's check looks. /dev/shm is one per machine, so those checks
+leave it out (`NG_SUITE_SHM_SHARED=1`); the full suite, one session, checks it. Writes one log per
 module and `summary.txt` under OUT_DIR; exits 1 if any module failed.
 """
 
@@ -19,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,9 +39,10 @@ def _lanes(modules: list[Path]) -> dict[str, list[Path]]:
 
 
 def _run_lane(name: str, modules: list[Path], out: Path, results: list[str]) -> None:
-    temp = Path("/tmp") / name[0]
+    temp = Path(tempfile.gettempdir()) / name[0]
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
+    print(f"[{name}] temporary folder {temp}", flush=True)
     env = {**os.environ, "TMPDIR": str(temp), SHARED_SHM_ENV: "1"}
     for module in modules:
         relative = module.relative_to(REPO_ROOT)
