@@ -31,9 +31,9 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 (`nemo_gym.replicas`); the report gives CPU per model call by role (manager, relay, agent, model server, resources
 server, policy server), all of a role's processes together and its busiest one alone. Run it under `taskset -c ...`
 to measure on fewer cores (the report says how many it had).
-`--batches B` measures B batches of `--episodes` one after another (the same rows, episodes and calls summed): few
-episodes in flight keep the machine below saturation, so that CPU per call is compared without the contention of a
-full batch on two cores.
+`--batches B` measures B batches of `--episodes` one after another (the same rows; episodes, calls, failures,
+retries and recoveries summed): few episodes in flight keep the machine below saturation, so that CPU per call is
+compared without the contention of a full batch on two cores.
 `--collect-processes N` has the manager post the rows and read the results in N child processes
 (`nemo_gym.collect_processes`), reported as the role "collect process"; they start with the first batch, so it needs
 `--warmup W`, a first batch of W episodes that is not measured (it may be given alone too, for comparison).
@@ -531,11 +531,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if policy_pid:
                 watched[policy_pid] = POLICY_SERVER
             results = []
+            counted = dict.fromkeys(("failed", "retried", "recovered"), 0.0)  # the manager's metrics, every batch's
             with FDSampler(watched, args.sample_interval_s) as sampler:
                 t0 = time.perf_counter()
                 for _ in range(args.batches):
                     output = manager.generate_sequences(batch)
                     results += manager.last_results
+                    for key in counted:
+                        counted[key] += output.meta_info["timing"][f"nemo_gym/all/{key}"]
                 wall = time.perf_counter() - t0
             rewards = [reward_of(r) for r in results if not isinstance(r, EpisodeFailure)]
             calls = sum(model_calls(r) for r in results if not isinstance(r, EpisodeFailure))
@@ -559,9 +562,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "orchestration_cpu_ms_per_call": 1000 * orchestration_cpu_s / max(calls, 1),
                     "output_rows": len(output),
                     "failures": [str(r) for r in results if isinstance(r, EpisodeFailure)],
-                    "failed_metric": output.meta_info["timing"]["nemo_gym/all/failed"],  # the last batch's
-                    "retried": output.meta_info["timing"]["nemo_gym/all/retried"],
-                    "recovered": output.meta_info["timing"]["nemo_gym/all/recovered"],
+                    "failed_metric": counted["failed"],
+                    "retried": counted["retried"],
+                    "recovered": counted["recovered"],
                     "rewards_match": rewards == expected,
                     "reward_sum": sum(rewards),
                     "fd_samples": sampler.samples,

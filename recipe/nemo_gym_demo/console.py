@@ -11,8 +11,8 @@ What this module adds is what a user at a terminal looks at. The trainer's whole
 (each line after the seconds since the start) and NeMo Gym's server logs to `<out>/nemo_gym_logs/`; the console
 shows the launcher's own lines (`launch: ...`: its checks, a signal received, how the run ended and, when the
 trainer failed, its error), the manager's progress lines and one summary line per step (reward per environment,
-loss, failures, rollout and packing time) built from the metrics. `write_reward_plot` draws the reward of each
-environment per step. Also:
+loss, failures, rollout and packing time) built from the metrics, within a second of verl logging the step.
+`write_reward_plot` draws the reward of each environment per step. Also:
 - One job per output folder (`hold_output_folder`): a second job on a folder in use fails at once, naming the
   other job's PID, before it writes anything there.
 - SIGINT or SIGTERM to this process (Ctrl-C) is passed on to the launcher, which stops the trainer the way verl
@@ -50,6 +50,8 @@ PROGRESS_MARKER = "NeMo Gym rollout:"
 STOP_GRACE_S = 30
 """The job's `cluster.stop_grace_s`: how long a stopped trainer has to exit before its process group is killed."""
 LOCK_FILE = ".job.lock"
+STEP_POLL_S = 0.5
+"""How often the console looks for steps verl has logged."""
 HEAD_LINES = 400
 """Lines of the trainer's start-up output kept for the Ray start-up retry."""
 
@@ -258,11 +260,17 @@ def launcher_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
 
 
 class _Console:
-    """The console's lines from two reader threads, in order: a step's summary before the launcher's last lines."""
+    """The console's lines from three threads, in order: a step's summary before the launcher's last lines.
+
+    Two threads read the launcher's output; the third (`follow_steps`) reads verl's metrics file as it grows. A step's
+    summary cannot wait for the trainer's next line: verl's console logger prints a step before its file logger
+    writes it (verl 0.9.1's `Tracking` registers them in that order), and the next line may be a whole batch later.
+    """
 
     def __init__(self, spec: JobSpec, console: Callable[[str], None], log: Any, started: float):
         self.spec, self.console, self.log, self.started = spec, console, log, started
         self.lock = threading.Lock()
+        self.steps = StepFollower(spec.metrics_file)
         self.shown: set[int] = set()
         self.head: list[str] = []
         self.outcome: list[str] = []
@@ -284,10 +292,35 @@ class _Console:
             self.outcome.append(line.rstrip("\n"))
 
     def show_new_steps(self) -> None:
-        for step in read_steps(self.spec.metrics_file):
+        for step in self.steps.new_steps():
             if step["step"] not in self.shown:
                 self.shown.add(step["step"])
                 self.console(format_step(step))
+
+    def follow_steps(self, stop: threading.Event, interval_s: float = STEP_POLL_S) -> None:
+        while not stop.wait(interval_s):
+            with self.lock:
+                self.show_new_steps()
+
+
+class StepFollower:
+    """verl's metrics file (one JSON line per logged step) read as it grows: each call returns the steps of the
+    complete lines written since the last call. A line still being written waits for the next call."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+
+    def new_steps(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def _read_into(pipe: Any, handle: Callable[[str], None]) -> None:
@@ -353,6 +386,8 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
                 threading.Thread(target=_read_into, args=(proc.stdout, view.trainer_line), daemon=True),
                 threading.Thread(target=_read_into, args=(proc.stderr, view.launcher_line), daemon=True),
             ]
+            steps_stop = threading.Event()
+            readers.append(threading.Thread(target=view.follow_steps, args=(steps_stop,), daemon=True))
             for reader in readers:
                 reader.start()
             # The launcher ends its trainer within its grace once told to; SIGKILL only if it does not.
@@ -365,6 +400,7 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
             finally:
                 stop.cancel()
                 kill.cancel()
+                steps_stop.set()
                 for reader in readers:  # only the launcher holds these pipes: they close with it
                     reader.join(timeout=10.0)
     with view.lock:

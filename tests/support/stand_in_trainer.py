@@ -15,7 +15,9 @@ a full `main_ppo` costs minutes a test; this stand-in costs a second. Run as `Jo
 - waits until signalled. On SIGINT it stops as verl's driver does, by Python's KeyboardInterrupt (a traceback in its
   output, exit status 1) after stopping its child; SIGKILL kills it outright;
 - or, once the file named by `$NG_STAND_IN_FINISH_FILE` exists, logs one step as verl's `file` logger does
-  (`$VERL_FILE_LOGGER_PATH`, one JSON line) and exits 0 as a finished training run does.
+  (`$VERL_FILE_LOGGER_PATH`, one JSON line) and exits 0 as a finished training run does;
+- once the file named by `$NG_STAND_IN_STEP_FILE` exists, logs that step and goes on waiting, printing nothing (a
+  trainer between a step's metrics and its next line: verl's next batch).
 
 The faults of the plugin itself (a Gym server or the policy server killed, bad rows) are still injected into a real
 `main_ppo` (tests/cpu/e2e/test_job_failures.py).
@@ -31,6 +33,7 @@ import tempfile
 import time
 
 FINISH_FILE_ENV = "NG_STAND_IN_FINISH_FILE"
+STEP_FILE_ENV = "NG_STAND_IN_STEP_FILE"
 STEP_METRICS = {
     "timing_s/nemo_gym/stand_in_simple_agent/episodes": 2.0,
     "timing_s/nemo_gym/stand_in_simple_agent/reward/mean": 1.0,
@@ -46,15 +49,24 @@ def main() -> None:
         f.write("a file of the run's own\n")
     print(f"stand-in trainer: TMPDIR {tempfile.gettempdir()}", flush=True)
     print("NeMo Gym 0.7.0 ready in 1 s: agents ['stand_in_simple_agent']; policy stand-in", flush=True)
-    finish = os.environ.get(FINISH_FILE_ENV)
+    finish, step = os.environ.get(FINISH_FILE_ENV), os.environ.get(STEP_FILE_ENV)
+    logged = False
     try:
         while not (finish and os.path.exists(finish)):
+            if step and not logged and os.path.exists(step):
+                _log_step()
+                logged = True
             time.sleep(0.1)
-        with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
-            f.write(json.dumps({"step": 1, "data": STEP_METRICS}) + "\n")
+        if not logged:
+            _log_step()
     finally:
         child.terminate()
         child.wait()
+
+
+def _log_step() -> None:
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
+        f.write(json.dumps({"step": 1, "data": STEP_METRICS}) + "\n")
 
 
 if __name__ == "__main__":

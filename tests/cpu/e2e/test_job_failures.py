@@ -37,7 +37,7 @@ from recipe.nemo_gym_demo.console import REPO_ROOT, JobSpec, spec_to_json
 from recipe.nemo_gym_demo.data import UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.helpers import kill_processes_with_env, processes_with_env
-from tests.support.stand_in_trainer import FINISH_FILE_ENV
+from tests.support.stand_in_trainer import FINISH_FILE_ENV, STEP_FILE_ENV
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
 
@@ -210,6 +210,26 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
     assert job.lines[-1] == f"full log: {job.spec.log_file}"
     assert job.left_behind() == []
     assert not _trainer_temp(job).exists()  # the run's temporary folder is removed
+
+
+def test_a_step_verl_logs_is_on_the_console_while_the_trainer_goes_on_printing_nothing(tmp_path, plugin_yaml):
+    """verl prints a step's metrics before it writes them to the file the console reads (its console logger comes
+    first), and the trainer's next line may be a whole batch later: the console shows the step from the file as it
+    grows, not at the trainer's next line (in CI a step shown a batch late let `test_main_ppo`'s next step finish)."""
+    step = tmp_path / "step"
+    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "step-shown", env={STEP_FILE_ENV: str(step)})
+    job.wait_for_log(READY)
+    step.touch()  # the stand-in logs step 1 to verl's metrics file, then prints nothing and waits
+    line = "step 1 | reward stand_in_simple_agent=1.000"
+    deadline = time.monotonic() + 60
+    while line not in job.lines and job.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shown_while_running = line in job.lines and job.proc.poll() is None
+    os.killpg(job.proc.pid, signal.SIGINT)
+    assert job.finish() == 130, job.console()
+    assert shown_while_running, job.console()
+    assert job.lines.count(line) == 1, job.console()
+    assert job.left_behind() == []
 
 
 def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugin_yaml):

@@ -182,7 +182,8 @@ def runs(tmp_path_factory):
         patch.setenv("NEMO_GYM_EXTRA_ROOTS", str(GYM_ENVS))  # where Gym finds fail_on_request
         patch.setenv(ADVANTAGE_LOG_ENV, str(out / "advantages.jsonl"))
         first = run_job(spec, console=print)
-        # Step 4 (the next epoch's first batch) never comes: its policy server is killed once step 3 is shown.
+        # Step 4 (the next epoch's first batch) never comes: its policy server is killed once step 3 is shown, which the
+        # console does within a second of verl logging it, while step 4's rollout (about 5 s) still waits on the server.
         console = KillPolicyAfterStep(str(out), step=3)
         second = run_job(
             JobSpec(**{**spec.__dict__, "steps": 4, "resume": True, "val_before_train": False}), console=console

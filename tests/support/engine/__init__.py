@@ -15,8 +15,14 @@ SCRIPT_ENV = "NEMO_GYM_CPU_POLICY_SCRIPT"
 SCRIPTED_PROCESSOR = "tests.support.engine.scripted_logits:ScriptedLogitsProcessor"
 """vLLM's `module:qualname` form of a logits processor class."""
 
+
+def kv_cache_override(n_bytes: int) -> str:
+    """verl's override that sizes vLLM's KV cache in bytes (`kv_cache_memory_bytes`, added or replaced)."""
+    return f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={n_bytes}"
+
+
 TEST_KV_CACHE_BYTES = 128 * 2**20
-TEST_KV_CACHE = f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={TEST_KV_CACHE_BYTES}"
+TEST_KV_CACHE = kv_cache_override(TEST_KV_CACHE_BYTES)
 """The KV cache of the tests' own engines and training jobs: 128 MiB (131,072 tokens of the tiny model) where the CPU
 backend gives 512, since vLLM's CPU build fills it at start and so all of it is resident. It holds 14 sequences of the
 longest a test allows (9,216 tokens); vLLM schedules requests within it. The suite's shared engine, which serves

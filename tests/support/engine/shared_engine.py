@@ -34,11 +34,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from recipe.nemo_gym.cpu_backend.overrides import KV_CACHE_BYTES
+from tests.support.engine import kv_cache_override
 
 # 256 sequences in a batch and the CPU backend's KV cache (512 MiB, not the tests' 128: its load is 512 episodes).
 ENGINE_OVERRIDES = (
     "actor_rollout_ref.rollout.max_num_seqs=256",
-    f"++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={KV_CACHE_BYTES}",
+    kv_cache_override(KV_CACHE_BYTES),
 )
 PROMPT_LENGTH, RESPONSE_LENGTH = 8192, 1024
 STARTUP_TIMEOUT_S = 600.0

@@ -20,6 +20,7 @@ from recipe.nemo_gym_demo.console import (
     JobResult,
     JobSpec,
     OutputFolderInUse,
+    StepFollower,
     environments,
     format_step,
     hold_output_folder,
@@ -64,6 +65,20 @@ def test_training_step_line_shows_reward_per_environment_loss_failures_and_times
 def test_validation_step_line_shows_the_validation_reward_per_environment():
     data = {"val-core/math/acc/mean@1": 0.0, "val-core/workplace/acc/mean@1": 1.0, "val-aux/math/reward/mean@1": 0.0}
     assert format_step({"step": 0, "data": data}) == "step 0 | validation math=0.000 workplace=1.000"
+
+
+def test_the_metrics_file_is_read_as_it_grows_each_step_once_and_a_half_written_line_later(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    follower = StepFollower(metrics)
+    assert follower.new_steps() == []  # verl has not created it yet
+    with open(metrics, "wb", buffering=0) as f:  # as verl's file logger writes it
+        f.write(b'{"step": 0, "data": {"val": 1}}\n{"step": 1, "da')
+        assert follower.new_steps() == [{"step": 0, "data": {"val": 1}}]
+        assert follower.new_steps() == []
+        f.write(b'ta": {"x": 2}}\n')
+        assert follower.new_steps() == [{"step": 1, "data": {"x": 2}}]
+        f.write(b'{"step": 2, "data": {}}\n{"step": 3, "data": {}}\n')
+        assert [s["step"] for s in follower.new_steps()] == [2, 3]
 
 
 def test_only_a_run_that_failed_at_rays_start_up_deadline_is_run_again():
