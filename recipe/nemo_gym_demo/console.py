@@ -305,11 +305,13 @@ class _Console:
 
 class StepFollower:
     """verl's metrics file (one JSON line per logged step) read as it grows: each call returns the steps of the
-    complete lines written since the last call. A line still being written waits for the next call."""
+    complete lines written since the last call, and `read` holds every step read so far. A line still being written
+    waits for the next call."""
 
     def __init__(self, path: Path):
         self.path = path
         self.offset = 0
+        self.read: list[dict[str, Any]] = []
 
     def new_steps(self) -> list[dict[str, Any]]:
         try:
@@ -320,7 +322,9 @@ class StepFollower:
             return []
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        steps = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self.read += steps
+        return steps
 
 
 def _read_into(pipe: Any, handle: Callable[[str], None]) -> None:
@@ -406,7 +410,7 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
     with view.lock:
         view.show_new_steps()
     status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    result = JobResult(status, time.monotonic() - started, read_steps(spec.metrics_file), view.outcome)
+    result = JobResult(status, time.monotonic() - started, view.steps.read, view.outcome)
     return result, "".join(view.head)
 
 
@@ -420,18 +424,6 @@ _LOG_PREFIX = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d [\d:,]+:")
 def progress_text(line: str) -> str:
     """A worker's progress line as the console shows it: without Ray's process tag or the log record prefix."""
     return _LOG_PREFIX.sub("", _RAY_PREFIX.sub("", line.rstrip()))
-
-
-def read_steps(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line still being written
-    return steps
 
 
 def environments(data: dict[str, Any]) -> list[str]:

@@ -79,6 +79,7 @@ def test_the_metrics_file_is_read_as_it_grows_each_step_once_and_a_half_written_
         assert follower.new_steps() == [{"step": 1, "data": {"x": 2}}]
         f.write(b'{"step": 2, "data": {}}\n{"step": 3, "data": {}}\n')
         assert [s["step"] for s in follower.new_steps()] == [2, 3]
+    assert [s["step"] for s in follower.read] == [0, 1, 2, 3]  # every step read, once: the run's result
 
 
 def test_only_a_run_that_failed_at_rays_start_up_deadline_is_run_again():
