@@ -12,7 +12,9 @@ Contract:
   environment's interpreter, so no server builds a venv). Gym reads the plugin's keys last
   (`job_config.global_config`). It returns once the head server lists the servers and every one answers HTTP,
   within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes, everything started is
-  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
+  stopped and the error names what failed and shows the last lines of its log. A head server that could not bind
+  its port (taken between the check and Gym's bind) is named as soon as the launcher logs it
+  (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is retried,
   once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
   (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
