@@ -297,4 +297,4 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
     if outcome in ("trainer-succeeds", "trainer-fails"):
         # The trainer's daemon, in no process group the launcher stops: the bootstrap found it by the job's TMPDIR.
         # (A cancelled step's processes, the daemon among them, are killed by Slurm itself.)
-        assert re.search(r"ray_on_slurm: killed pid \d+ \(sleep\) on \S+, which the job left running", log), failure
+        assert re.search(r"ray_on_slurm: stopping pid \d+ \(sleep\) on \S+, which the job left running", log), failure
