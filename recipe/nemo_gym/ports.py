@@ -9,8 +9,8 @@ Contract:
   minutes later (NeMo Gym's head server starts after verl's whole start-up) can meanwhile be held by any process's
   connection, and the later bind fails with EADDRINUSE: NeMo Gym's launcher then ends with "Head server finished
   unexpectedly!". The quiet band lies above NeMo Gym's own server ports (`port_range_low`/`port_range_high`,
-  10001-20000 in 0.4 and 0.7, which also hold Ray's worker ports, 10002-19999 by default) and below the ephemeral
-  range; on a default Linux node that is 20001-32767. Nothing there is taken unless a program names the port.
+  10001-20000 in 0.4 and 0.7; `ray start` gives Ray's workers 10002-19999 by default, there too) and below the
+  ephemeral range; on a default Linux node that is 20001-32767. Nothing there is taken unless a program names it.
 - A port is still only free when picked: the caller checks again just before it binds (`gym.owned.launch.
   check_port_free`). Two pickers at once collide with a chance of about one in the band's size.
 """
