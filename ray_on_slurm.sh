@@ -92,19 +92,42 @@ stop_pid() {  # pid name grace: TERM, then KILL after the grace
     done
     wait "$1" 2>/dev/null || true
 }
+# What outlives the job's steps: a daemon the trainer started in a session of its own, which no process group the
+# launcher stops holds; a Ray process when `ray start --block` was killed (Ray's dashboard agent was seen 30 s after
+# such a job). Every process of the job carries its TMPDIR (exported before the first step; Ray renames its processes,
+# so their command lines cannot tell): those still running on a node get SIGTERM (a process with a hook of its own
+# runs it), then SIGKILL after 5 s. POSIX sh, $1 the job's folder; run with TMPDIR set back to the folder's parent,
+# so that the clean-up (its srun, its shell, its grep) never matches itself.
+# shellcheck disable=SC2016  # expanded by the shell that runs it
+STOP_LEFT='(
+    left=$(grep -lzxF -- "TMPDIR=$1" /proc/[0-9]*/environ 2>/dev/null | sed "s|^/proc/||; s|/environ$||")
+    for p in $left; do
+        name=$(cat "/proc/$p/comm" 2>/dev/null) && kill -TERM "$p" 2>/dev/null &&
+            echo "ray_on_slurm: stopping pid $p ($name) on $(uname -n), which the job left running" >&2
+    done
+    for _ in 1 2 3 4 5; do
+        running="" && for p in $left; do ! kill -0 "$p" 2>/dev/null || running="$running $p"; done
+        [ -n "$running" ] || exit 0
+        sleep 1
+    done
+    for p in $running; do kill -KILL "$p" 2>/dev/null && echo "ray_on_slurm: killed pid $p after 5 s" >&2; done
+    true
+)'
 teardown() {  # the launcher first (it stops the trainer, with its own grace), then Ray, newest first
     local rc=$? i outcome
     trap - EXIT INT TERM
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
         stop_pid "${PIDS[i]}" "${NAMES[i]}" $((i == ${#PIDS[@]} - 1 ? 2 * NG_STOP_GRACE_S + 30 : NG_STOP_GRACE_S))
     done
+    TMPDIR="$NG_JOB_TEMP_PARENT" sh -c "$STOP_LEFT" stop-left "$JOB_TMP"
     [[ ! -s "$NG_OUTCOME_FILE" ]] || outcome=$(<"$NG_OUTCOME_FILE")
     rm -rf "$JOB_TMP"
     if [[ -n "${SLURM_JOB_ID:-}" && "$NG_NNODES" -gt 1 ]]; then  # the head's launcher cleaned the head only
         # shellcheck disable=SC2016  # the inner shell expands its own arguments
-        srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" --ntasks-per-node=1 "${CONTAINER[@]}" \
-            /bin/sh -c '"$0" -m recipe.nemo_gym.leftovers "$1"; rm -rf "$2"' "$PYTHON" "$JOB_START" "$JOB_TMP" ||
-            log "could not clean $JOB_TMP and /dev/shm on every node"
+        TMPDIR="$NG_JOB_TEMP_PARENT" srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" \
+            --ntasks-per-node=1 "${CONTAINER[@]}" \
+            /bin/sh -c "$STOP_LEFT"'; "$2" -m recipe.nemo_gym.leftovers "$3"; rm -rf "$1"' \
+            stop-left "$JOB_TMP" "$PYTHON" "$JOB_START" || log "could not clean $JOB_TMP and /dev/shm on every node"
     fi
     [[ -z "${outcome:-}" ]] || echo "$outcome" >&2  # how the job ended, last: the launcher's words
     [[ -z "${DIED:-}" ]] || log "ERROR: the job failed because $DIED"

@@ -59,7 +59,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -75,6 +74,7 @@ from recipe.nemo_gym.limits import (
     NEMO_GYM_DEFAULT_LIMIT,
     NEMO_GYM_DEFAULT_LIMIT_PER_HOST,
 )
+from recipe.nemo_gym.ports import pick_free_port
 from recipe.nemo_gym_demo.data import write_jsonl
 from tests.support.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
@@ -296,12 +296,6 @@ def _cpu_s(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_connector_limits(pids: dict[int, str]) -> dict[str, dict[str, Any]]:
     """The connector keys of NeMo Gym's global config as each server process received it (its environment)."""
     found = {}
@@ -461,7 +455,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config_path = plugin_yaml(
         tmp / "plugin.yaml",
         env,
-        head_port=args.head_port or free_port(),
+        head_port=args.head_port or pick_free_port(),
         log_dir=tmp / "logs",
         batch_s=args.batch_s,
         default_limits=args.nemo_gym_default_limits,

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ import yaml
 
 from recipe.nemo_gym.gym.owned.launch import RAY_START_TIMEOUT
 from recipe.nemo_gym.launch.compose import TRAINER_MODULE
+from recipe.nemo_gym.ports import pick_free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_MARKER = "NeMo Gym rollout:"
@@ -215,17 +215,11 @@ def write_job(spec: JobSpec) -> Path:
     config = yaml.safe_load(spec.agent_loop_config.read_text())
     if "attach" not in config["nemo_gym"]:  # an attached Gym logs and listens where it was started
         config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
-        config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or _free_port()}
+        config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or pick_free_port()}
     environments = spec.out_dir / "agent_loop.yaml"
     environments.write_text(yaml.safe_dump(config, sort_keys=False))
     spec.job_file.write_text(yaml.safe_dump(job_keys(spec, environments), sort_keys=False))
     return spec.job_file
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: float = 3600.0) -> JobResult:

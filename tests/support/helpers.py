@@ -40,6 +40,8 @@ from typing import Any
 
 import psutil
 
+from recipe.nemo_gym.ports import pick_free_port
+
 MATH_AGENT = "math_with_judge_simple_agent"
 WORKPLACE_AGENT = "workplace_assistant_simple_agent"
 VENV_BIN = Path(sys.executable).parent
@@ -51,10 +53,9 @@ GYM_ENVS = TESTS_CPU / "gym_envs"
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the kernel's choice; nothing holds it afterwards)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, outside the kernel's ephemeral range (`recipe.nemo_gym.ports`): a server
+    started on it seconds later does not find it held by some process's outgoing connection."""
+    return pick_free_port()
 
 
 class PortForward:

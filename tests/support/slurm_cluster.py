@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from recipe.nemo_gym.ports import pick_free_ports
 from tests.support.helpers import processes_with_env
 from tests.support.netns_nodes import NodeNetwork
 
@@ -80,17 +81,8 @@ def unavailable_reason() -> str | None:
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports free on every address now (bound together, so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """Ports free on every address now, distinct, outside the kernel's ephemeral range (`recipe.nemo_gym.ports`)."""
+    return pick_free_ports(count, host="")
 
 
 def node_hardware() -> dict[str, str]:

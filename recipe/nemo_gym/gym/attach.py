@@ -26,7 +26,9 @@ Contract:
 - `shutdown()` stops the relay, empties the endpoint file if it still holds this trainer's URL (Gym then reports
   the policy as unpublished instead of retrying a dead address), and closes the connection. Idempotent; also run
   at interpreter exit, and `kill_now()` (the unpublishing) on SIGTERM (`exit_hooks.py`). Nothing else: no Gym
-  process is touched.
+  process is touched. A trainer that dies before any of these runs (SIGKILL; Ray SIGKILLs its TaskRunner about
+  0.1 s after SIGTERM) has its address withdrawn all the same, by an `owned.watchdog.Watchdog` started before the
+  address was published (`clear_on_exit`), which empties the file if it still holds that address.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance, get_json
 from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch, wait_until_answering
+from recipe.nemo_gym.gym.owned.watchdog import Watchdog
 from recipe.nemo_gym.gym.relay import PolicyRelay
 from recipe.nemo_gym.limits import ConnectionLimits
 
@@ -172,6 +175,7 @@ class AttachedGym:
         self.handover: PolicyHandover | None = None
         self.published_url: str | None = None
         self.relay: PolicyRelay | None = None
+        self._watchdog: Watchdog | None = None
         self._stop = exit_hooks.StopOnce()
 
     @classmethod
@@ -236,8 +240,12 @@ class AttachedGym:
             self.relay = PolicyRelay(urls)
             bound = self.loop.run(self.relay.start(self.relay_host, settings.relay_port), timeout=30.0, what="relay")
             url = f"http://{self.relay_host}:{bound}/v1"
+        # Started before the address is published, so that no moment has it published and unwatched: a trainer that
+        # dies without a word (a Ray actor SIGKILLed before its SIGTERM hook runs) still has it withdrawn.
+        self._watchdog = Watchdog.spawn()
         publish_endpoint(self.handover.endpoint_file, url)
         self.published_url = url
+        self._watchdog.clear_on_exit(str(self.handover.endpoint_file), url)
         # Gym's model server trusts its last look at the file this long: rows sent sooner could reach the address
         # a previous trainer published.
         self.connection.not_before = time.monotonic() + self.handover.check_interval_s
@@ -281,6 +289,7 @@ class AttachedGym:
             if self.connection is not None:
                 self.connection.close()
         finally:
+            self._release_watchdog()
             exit_hooks.forget(self)
 
     def kill_now(self) -> None:
@@ -290,7 +299,13 @@ class AttachedGym:
         self._unpublish()
         if self.connection is not None:
             self.connection.closed = True  # no batch after this; the session is not touched in a signal handler
+        self._release_watchdog()
         exit_hooks.forget(self)
+
+    def _release_watchdog(self) -> None:
+        """The address is unpublished already: the watchdog finds the file no longer ours and exits."""
+        if self._watchdog is not None:
+            self._watchdog.release()
 
     def _unpublish(self) -> None:
         if self.handover is None or self.published_url is None:

@@ -177,6 +177,9 @@ report = {
 }
 ray.shutdown()
 subprocess.Popen(["sleep", "600"])  # the trainer's own child: the job's teardown must not leave it
+# A daemon of the trainer's, in a session of its own (as `ray start` leaves Ray's processes when it is killed): out of
+# the launcher's process group and of Slurm's sight; only the job's TMPDIR, which it carries, finds it.
+subprocess.Popen(["sleep", "601"], start_new_session=True)
 with open(os.environ["STUB_REPORT"] + ".tmp", "w") as out:
     json.dump(report, out)
 os.rename(os.environ["STUB_REPORT"] + ".tmp", os.environ["STUB_REPORT"])
@@ -291,3 +294,7 @@ def test_cpu_backend_job_starts_ray_for_the_backend_and_leaves_nothing(slurm, tm
         in argv
     )
     assert left == [], f"left running after the job: {left}\n{failure}"
+    if outcome in ("trainer-succeeds", "trainer-fails"):
+        # The trainer's daemon, in no process group the launcher stops: the bootstrap found it by the job's TMPDIR.
+        # (A cancelled step's processes, the daemon among them, are killed by Slurm itself.)
+        assert re.search(r"ray_on_slurm: stopping pid \d+ \(sleep\) on \S+, which the job left running", log), failure

@@ -320,13 +320,14 @@ def test_a_node_whose_ray_dies_mid_step_ends_the_job_naming_it_and_each_node_is_
 def test_the_gym_on_the_cpu_node_outlives_the_trainer_and_stops_with_its_own_job_leaving_its_node_clean(run):
     assert run["gym_alive"], "the attached Gym's job ended with the trainer's"
     # Ray places verl's TaskRunner (the manager, and the relay Gym was handed) on either node. Where it ran on node2,
-    # it died with the node and nothing emptied the endpoint file (the next trainer's address replaces it); where it
-    # ran on node1, it stopped with the job and withdrew its address.
+    # it died with the node; its watchdog, on node2 too, may have died with it, and then nothing emptied the endpoint
+    # file (the next trainer's address replaces it). Where it ran on node1, it stopped with the job and its address
+    # was withdrawn: by its SIGTERM hook, or by its watchdog if Ray's SIGKILL came first.
     relay = re.search(r"policy http://([\d.]+):\d+/v1 published in", run["log"])
     assert relay, "the manager published no address"
     published = run["endpoint_file"].read_text()
     if relay[1] == run["network"].addresses["node2"]:
-        assert published.startswith(f"http://{relay[1]}:"), published
+        assert published.strip() == "" or published.startswith(f"http://{relay[1]}:"), published
     else:
         assert published.strip() == "", published
     assert run["gym_record"]["JobState"] == "COMPLETED", run["gym_record"]  # SIGINT: Gym's orderly stop

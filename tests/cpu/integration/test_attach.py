@@ -169,6 +169,8 @@ def test_sigkill_of_the_trainer_leaves_the_attached_gym_running_and_usable(setup
     time.sleep(5)  # anything a watchdog might have done, it would have done by now
     assert alive(before) == before
     assert gym.pids() == before
+    # No hook ran in the child, yet its address is withdrawn: its watchdog emptied the endpoint file.
+    assert gym.endpoint_file.read_text().strip() == ""
     # The Gym still serves: the next trainer attaches and trains.
     output, results, _, _ = run_batch(setup, [address])
     check_weather_episodes(output, results)

@@ -37,6 +37,7 @@ from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
 from recipe.nemo_gym.gym.over_http.client import HeadClient
+from recipe.nemo_gym.gym.owned import launch
 from recipe.nemo_gym.gym.owned.environment import LEAN_RAY, clean_environment, inspect_environment, locate_environment
 from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
@@ -111,6 +112,32 @@ def test_start_with_head_port_in_use_names_it_and_starts_nothing(tmp_path: Path,
             start_gym(config, policy_servers("http://127.0.0.1:9/v1"))
         assert gym_processes(port) == []
         assert not list((tmp_path / "cache").glob("**/.venv"))
+
+
+def test_a_head_port_taken_after_its_check_ends_start_up_naming_the_port_and_leaves_no_process(
+    tmp_path: Path, no_live_stack: None, monkeypatch
+) -> None:
+    """Another process takes the head port between the plugin's check and Gym's bind (in CI, a port picked by
+    `bind(0)`: Gym's own Ray, started first, may take any such port). Gym 0.7's launcher would wait for its head
+    server forever; the plugin reads the bind error in its log and ends the start at once. The stand-in for the
+    other process is a socket the test binds right after the real check."""
+    port = free_port()
+    taker = socket.socket()
+
+    def check_then_take(host: str, checked: int) -> None:
+        check_port_free(host, checked)
+        taker.bind((host, checked))  # no SO_REUSEADDR and no listen: like a connection's local port
+
+    monkeypatch.setattr(launch, "check_port_free", check_then_take)
+    with taker, pytest.raises(GymServerDied) as err:
+        start_gym(config_for(tmp_path, port, startup_s=120.0), policy_servers("http://127.0.0.1:9/v1"))
+    assert list(err.value.servers) == ["head_server"]
+    message = str(err.value)
+    assert f"head server could not listen on 127.0.0.1:{port} during start-up" in message
+    assert f"error while attempting to bind on address ('127.0.0.1', {port})" in message
+    assert "address already in use" in message
+    assert "another process took it meanwhile" in message
+    assert gym_processes(port) == []
 
 
 def test_start_that_misses_its_deadline_names_servers_and_leaves_no_process(

@@ -12,7 +12,9 @@ Contract:
   environment's interpreter, so no server builds a venv). Gym reads the plugin's keys last
   (`job_config.global_config`). It returns once the head server lists the servers and every one answers HTTP,
   within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes, everything started is
-  stopped and the error names what failed and shows the last lines of its log. One start-up failure is retried,
+  stopped and the error names what failed and shows the last lines of its log. A head server that could not bind
+  its port (taken between the check and Gym's bind) is named as soon as the launcher logs it
+  (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is retried,
   once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
   (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
@@ -81,9 +83,23 @@ JOB_CONFIG = "verl_job.yaml"
 _POLL_S = 1.0
 # How Gym's launcher names a server whose process ended during start-up (RunHelper.poll, 0.4.0 and 0.7.0).
 _FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
+# asyncio's error when a listening socket cannot bind (`loop.create_server`), which uvicorn logs before it exits.
+_BIND_ERROR = re.compile(r"\[Errno \d+\] error while attempting to bind on address \('[^']*', (?P<port>\d+)\)[^\n]*")
+HEAD_SERVER = "head_server"
 # Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
 # ray/_private/node.py, Ray 2.60; not configurable). `lean_ray.py` starts Gym's Ray and exits with it.
 RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def head_server_bind_error(launcher_log: str, port: int) -> str | None:
+    """The error with which Gym's head server could not listen on `port`, as its launcher logged it, else None.
+    uvicorn logs asyncio's bind error and ends the head server's thread; Gym 0.7's launcher does not notice until
+    the head port answers (it waits for any HTTP answer there, from whatever holds it, forever otherwise), and then
+    ends with "Head server finished unexpectedly!"."""
+    for found in _BIND_ERROR.finditer(launcher_log):
+        if int(found.group("port")) == port:
+            return found.group(0).strip()
+    return None
 
 
 def missed_ray_start(error: BaseException) -> bool:
@@ -257,6 +273,8 @@ class OwnedGym:
             code = tree.launcher_exit_code()
             if code is not None:
                 self._raise_launcher_died(code, "during start-up")
+            if not servers:  # the head server lists none yet: did it fail to listen?
+                self._raise_if_head_could_not_listen(None, "during start-up")
             dead = [s.name for s in server_health(servers, None).servers if not s.alive]
             if dead:
                 raise GymServerDied(f"NeMo Gym server(s) {dead} died during start-up.{self._log_tail(dead[0])}", dead)
@@ -271,7 +289,7 @@ class OwnedGym:
             raise GymStartTimeout(
                 f"NeMo Gym servers not ready within {self.config.timeouts.startup_s:g}s; {what}."
                 f"{seams.file_tail(self.launcher_log)}",
-                not_ready or ["head_server"],
+                not_ready or [HEAD_SERVER],
             )
         gym_config = head.config()
         self.servers = tuple(servers)  # before the checks below: a shutdown after them still knows the servers
@@ -288,13 +306,36 @@ class OwnedGym:
         tree.refresh()
 
     def _raise_launcher_died(self, code: int, when: str) -> None:
-        text = ""
-        with contextlib.suppress(OSError):
-            text = self.launcher_log.read_text(errors="replace") if self.launcher_log else ""
+        self._raise_if_head_could_not_listen(code, when)
+        text = self._launcher_log_text()
         named = sorted(set(_FINISHED.findall(text)))
         what = f"server(s) {named} ended {when}, and its launcher" if named else f"launcher ended {when}: it"
         tail = self._log_tail(named[0]) if named else seams.file_tail(self.launcher_log)
         raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
+
+    def _raise_if_head_could_not_listen(self, code: int | None, when: str) -> None:
+        """Raise `GymServerDied` naming the head server if the launcher's log says it could not bind its port."""
+        head = self.config.nemo_gym.head_server
+        error = head_server_bind_error(self._launcher_log_text(), head.port)
+        if error is None:
+            return
+        why = (
+            " The port was free when the plugin checked it just before starting Gym: another process took it "
+            "meanwhile (choose nemo_gym.head_server.port outside the kernel's ephemeral port range)."
+            if "in use" in error
+            else ""
+        )
+        launcher = "" if code is None else f" Its launcher {exit_description(code)}."
+        raise GymServerDied(
+            f"NeMo Gym's head server could not listen on {head.host}:{head.port} {when}: {error}.{why}{launcher}"
+            f"{seams.file_tail(self.launcher_log)}",
+            [HEAD_SERVER],
+        )
+
+    def _launcher_log_text(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.launcher_log.read_text(errors="replace") if self.launcher_log else ""
+        return ""
 
     # ---------------------------------------------------------------- processes and health
 

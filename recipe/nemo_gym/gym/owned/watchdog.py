@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A process outside the trainer that kills NeMo Gym's servers when the trainer dies without stopping them.
+"""A process outside the trainer that stops what it started when the trainer dies without a word: it kills NeMo Gym's
+servers, or withdraws the policy address it published to an attached Gym.
 
 Why: verl's TaskRunner is a Ray actor; when `main_ppo`'s driver exits, Ray sends the actor SIGTERM and SIGKILLs it
 about 0.1 s later (Ray 2.60). When the SIGKILL comes before our SIGTERM hook has run (seen on loaded 2-core
@@ -16,9 +17,12 @@ Contract:
   the watchdog also remembers every descendant of a watched process (once a second), so a server whose wrapper
   shell died first is still found. `register_session(sid)` watches every process of a session (NeMo Gym's
   launcher runs in a session of its own, so a process reparented to init is still found). `remove_on_exit(path)`
-  names a folder to delete once those are killed (the run's private folder).
+  names a folder to delete once those are killed (the run's private folder). `clear_on_exit(path, content)` names
+  a file to empty if it still holds `content` (an attached Gym's endpoint file, still holding this trainer's
+  address: `gym/attach.py` uses a watchdog for that alone).
 - When the pipe closes, the watchdog SIGKILLs every watched process still alive, and every process of a watched
-  session, deletes the folders it was given, and exits. The pipe closes when
+  session, deletes the folders it was given, empties the files it was given that still hold their content, and
+  exits. The pipe closes when
   the trainer calls `release()` (after its own orderly shutdown: nothing is left, nothing is killed) or when the
   trainer dies in any way, SIGKILL included: the kernel closes its descriptors. `release(wait_s)` can wait for
   the watchdog to finish (a second pipe, which closes when the watchdog exits).
@@ -101,6 +105,14 @@ class Watchdog:
         with contextlib.suppress(OSError):
             os.write(self._write_fd, f"r{path}\n".encode())
 
+    def clear_on_exit(self, path: str, content: str) -> None:
+        """After the kill, empty the file `path` if it still holds `content` (stripped): an attached Gym's endpoint
+        file, so that a trainer that died without a word does not leave its dead address published."""
+        if self._write_fd is None or "\n" in path + content or "\0" in path + content:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, f"u{path}\0{content}\n".encode())
+
     def release(self, wait_s: float = 0.0) -> None:
         """Close the pipe: the watchdog kills what is still alive of the watched processes, then exits (within
         milliseconds). With `wait_s`, wait up to that long for it to exit. Idempotent."""
@@ -121,6 +133,7 @@ def watch(read_fd: int, poll_s: float = 1.0) -> None:
     watched: dict[int, psutil.Process] = {}
     sessions: set[int] = set()
     folders: list[str] = []
+    to_clear: list[tuple[str, str]] = []
     pending = b""
     while True:
         readable, _, _ = select.select([read_fd], [], [], poll_s)
@@ -137,6 +150,10 @@ def watch(read_fd: int, poll_s: float = 1.0) -> None:
                 if line.startswith(b"r"):
                     folders.append(os.fsdecode(line[1:]))
                     continue
+                if line.startswith(b"u"):
+                    path, content = line[1:].split(b"\0", 1)
+                    to_clear.append((os.fsdecode(path), content.decode()))
+                    continue
                 _remember(watched, int(line))
         _add_descendants(watched)
     _add_descendants(watched)
@@ -150,6 +167,21 @@ def watch(read_fd: int, poll_s: float = 1.0) -> None:
         psutil.wait_procs(list(watched.values()), timeout=5.0)  # nothing writes into them any more
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+    for path, content in to_clear:
+        clear_if_holding(path, content)
+
+
+def clear_if_holding(path: str, content: str) -> None:
+    """Empty `path`, whole (a reader sees the old content or none), if it holds `content`; never raise. A file a
+    later writer changed (the next trainer's address) is left alone."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(path) as current:
+            if current.read().strip() != content:
+                return
+        staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.watchdog-{os.getpid()}")
+        with open(staged, "w") as out:
+            out.write("\n")
+        os.replace(staged, path)
 
 
 def session_members(sessions: set[int]) -> list[psutil.Process]:

@@ -35,7 +35,7 @@ from recipe.nemo_gym.gym.over_http.client import (
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
-from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free, missed_ray_start
+from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free, head_server_bind_error, missed_ray_start
 from recipe.nemo_gym.gym.owned.liveness import LAUNCHER
 from recipe.nemo_gym.gym.owned.seams import (
     check_config_paths,
@@ -491,6 +491,31 @@ RAY_MISSED = (
 )
 def test_only_a_launcher_ended_by_rays_start_up_deadline_counts_as_a_missed_ray_start(error, retried) -> None:
     assert missed_ray_start(error) is retried
+
+
+# Gym 0.7.0's launcher log when its head server could not listen (uvicorn logs asyncio's bind error; Python 3.13).
+HEAD_BIND_FAILED = (
+    "INFO:     Waiting for application startup.\n"
+    "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 26109): address already in use\n"
+    "(policy_model) INFO:     Uvicorn running on http://127.0.0.1:19553 (Press CTRL+C to quit)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("log", "port", "error"),
+    [
+        (
+            HEAD_BIND_FAILED,
+            26109,
+            "[Errno 98] error while attempting to bind on address ('127.0.0.1', 26109): address already in use",
+        ),  # fmt: skip
+        (HEAD_BIND_FAILED, 11000, None),  # another listener's port: a server of Gym's, not the head
+        ("INFO:     Uvicorn running on http://127.0.0.1:26109 (Press CTRL+C to quit)\n", 26109, None),
+        ("", 26109, None),
+    ],
+)
+def test_the_head_servers_bind_error_is_found_in_the_launchers_log_by_its_port(log, port, error) -> None:
+    assert head_server_bind_error(log, port) == error
 
 
 def _retry_config() -> NeMoGymConfig:

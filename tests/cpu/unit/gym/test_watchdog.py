@@ -99,6 +99,22 @@ def test_release_kills_what_the_owner_could_not_stop():
         stubborn.wait(timeout=10)
 
 
+def test_a_file_still_holding_the_owners_content_is_emptied_and_one_rewritten_since_is_left(tmp_path):
+    ours, rewritten = tmp_path / "endpoint", tmp_path / "endpoint_of_the_next_trainer"
+    ours.write_text("http://10.0.0.1:8000/v1\n")
+    rewritten.write_text("http://10.0.0.2:8000/v1\n")
+    watchdog = Watchdog.spawn()
+    try:
+        watchdog.clear_on_exit(str(ours), "http://10.0.0.1:8000/v1")
+        watchdog.clear_on_exit(str(rewritten), "http://10.0.0.1:8000/v1")  # the next trainer wrote its own since
+        assert ours.read_text() == "http://10.0.0.1:8000/v1\n"  # nothing happens while the owner lives
+    finally:
+        watchdog.release(wait_s=10.0)  # as the owner's death closes the pipe
+    assert ours.read_text().strip() == ""
+    assert rewritten.read_text() == "http://10.0.0.2:8000/v1\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [ours.name, rewritten.name]  # no staged file left
+
+
 def test_parent_pids_reads_every_process_even_one_whose_name_holds_parentheses_and_spaces(tmp_path):
     # /proc/<pid>/stat is "pid (comm) state ppid ...", and a program's name is its comm: this one is "a) b (c".
     odd = tmp_path / "a) b (c"
