@@ -152,7 +152,7 @@ elif ((${#NODES[@]} != NG_NNODES)); then
 fi
 log "starting the Ray head on $HEAD ($NG_HEAD_IP:$NG_RAY_PORT), $NG_NNODES node(s), each with: $NG_RAY_START_ARGS"
 on_node -w "$HEAD" ray start --head --node-ip-address="$NG_HEAD_IP" --port="$NG_RAY_PORT" \
-    --dashboard-port="$NG_RAY_DASHBOARD_PORT" "${RAY_ARGS[@]}" &
+    --dashboard-port="$NG_RAY_DASHBOARD_PORT" --ray-client-server-port="$NG_RAY_CLIENT_SERVER_PORT" "${RAY_ARGS[@]}" &
 track $! "the Ray head on $HEAD"
 export RAY_ADDRESS="$NG_HEAD_IP:$NG_RAY_PORT"
 deadline=$((SECONDS + NG_RAY_JOIN_TIMEOUT_S))

@@ -137,7 +137,7 @@ def write_job(tmp_path: Path, ray_temp_dir: str, **keys) -> Path:
     data.mkdir(exist_ok=True)
     for name in ("train.jsonl", "val.jsonl"):
         (data / name).touch()
-    ray_port, dashboard_port = slurm_cluster.free_ports(2)
+    ray_port, dashboard_port, client_port = slurm_cluster.free_ports(3)
     job = {
         "model": str(tmp_path / "model"),
         "checkpoint_dir": str(tmp_path / "ckpt"),
@@ -148,6 +148,7 @@ def write_job(tmp_path: Path, ray_temp_dir: str, **keys) -> Path:
             "gpus_per_node": 8,
             "ray_port": ray_port,
             "ray_dashboard_port": dashboard_port,
+            "ray_client_server_port": client_port,  # Ray's default, 10001, is in NeMo Gym's server port range
             "ray_temp_dir": ray_temp_dir,
             "ray_join_timeout_s": 240,
             "ray_poll_interval_s": 5,

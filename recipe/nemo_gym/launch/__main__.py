@@ -103,6 +103,7 @@ def shell_settings(job: Job, launch: Launch, environ: Mapping[str, str]) -> str:
         NG_NNODES=str(c.nnodes),
         NG_RAY_PORT=str(c.ray_port),
         NG_RAY_DASHBOARD_PORT=str(c.ray_dashboard_port),
+        NG_RAY_CLIENT_SERVER_PORT=str(c.ray_client_server_port),
         NG_RAY_JOIN_TIMEOUT_S=str(c.ray_join_timeout_s),
         NG_RAY_POLL_INTERVAL_S=str(c.ray_poll_interval_s),
         NG_RAY_TEMP_DIR=str(c.ray_temp_dir or ""),

@@ -57,6 +57,9 @@ class Cluster(_Section):
     """Logical CPUs each node's Ray announces. None: Ray counts the cores (gpu), 8 (cpu)."""
     ray_port: Port = 6379
     ray_dashboard_port: Port = 8265
+    ray_client_server_port: Port = 10001
+    """The head's Ray Client server (Ray's default; nothing of the job uses ray://, but Ray 2.60 cannot turn it off).
+    Give each job on a shared node its own, as with `ray_port`: NeMo Gym's servers also draw ports from 10001-20000."""
     ray_join_timeout_s: PositiveInt = 600
     """How long every node has to join the Ray cluster."""
     ray_poll_interval_s: PositiveInt = 5
