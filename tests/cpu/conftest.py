@@ -87,6 +87,7 @@ SERVER_MODULES = (
     "test_multiturn_http.py",
     "test_gym_runtime.py",
     "test_reliability.py",
+    "test_manager_lifetime.py",
     "test_slurm.py",
     "test_job_failures.py",
 )

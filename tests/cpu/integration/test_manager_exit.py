@@ -10,8 +10,8 @@ training batch (so NeMo Gym's HTTP session exists), records the pids of every Ne
   terminates; the driver gets the actor's result and exits, and Ray then ends the actor (SIGTERM, then SIGKILL
   about 0.1 s later: no atexit runs in the actor).
 
-And a start that fails after NeMo Gym is up stops it before it raises: here, in the test's own process, a data row
-naming an agent the running Gym does not serve (the check only a running Gym can make, `data_check.py`).
+A start that fails once NeMo Gym is up, and a trainer that raises or is sent SIGTERM before any batch, are
+`test_manager_lifetime.py`'s (no batch there, so no vLLM engine).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.data_check import DataFilesError
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
@@ -203,31 +202,3 @@ def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_
     worker_logs = list(ray_dir.glob(f"session_*/logs/worker-*-{actor_pid}.err"))
     assert worker_logs, "the actor's stderr log was not found"
     assert problem_lines(worker_logs[0].read_text(errors="replace")) == [], worker_logs[0].read_text()[-5000:]
-
-
-def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and_gym_is_stopped(
-    tmp_path, shared_engine
-):
-    port = free_port()
-    plugin = write_plugin_yaml(tmp_path / "plugin.yaml", port)
-    unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
-    data = write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
-    sizes = {"prompt_length": 1024, "response_length": 64, "n": 1, "batch_size": 2}
-    overrides = [
-        *harness.cpu_trainer_overrides(tiny_qwen3_dir(), plugin, **sizes),
-        f"data.train_files=[{data}]",
-        f"data.val_files=[{data}]",
-    ]
-    # The dataset's own check, as verl builds it, passes (JSON and fields); the manager's, once Gym runs, does not.
-    with pytest.raises(DataFilesError) as raised:
-        with harness.manager_stack(tiny_qwen3_dir(), overrides, data, None, engine=shared_engine):
-            pass
-    assert str(raised.value).splitlines() == [
-        f"1 of 2 rows in {data} cannot be trained on; nothing was trained. Fix or remove them:",
-        f"  {data}:2: agent_ref.name 'wordle_simple_agent' is not an agent of the configured environments "
-        "['math_with_judge_simple_agent']",
-    ]
-    deadline = time.monotonic() + 10
-    while nemo_gym_processes(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert nemo_gym_processes(port) == []
