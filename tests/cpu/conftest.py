@@ -50,9 +50,12 @@ import pytest
 # seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s). test_attach_training's run
 # (179 s, 2026-11-28) is gone: its killed policy server is test_main_ppo's resumed run's end, its collect processes
 # run in test_two_nodes' attached job.
-# manager_exit, end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
+# end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
 # `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
 # test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
+# Stop 57 (2026-11-29: 28.9 min, the heavy worker to minute 28.8, the other idle from 23.1): test_load's two loads
+# became one, and the manager's lifetime tests (test_manager_exit, test_manager_lifetime), whose policy server only
+# has to answer, run on the other worker over the test support's PolicyStub.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm_training.py",
@@ -60,7 +63,6 @@ HEAVY_MODULES = (
     "test_two_nodes.py",
     # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
     # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
-    "test_manager_exit.py",
     "test_end_to_end.py",
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
@@ -87,8 +89,10 @@ SERVER_MODULES = (
     "test_multiturn_http.py",
     "test_gym_runtime.py",
     "test_reliability.py",
+    "test_manager_lifetime.py",
     "test_slurm.py",
     "test_job_failures.py",
+    "test_manager_exit.py",
 )
 
 

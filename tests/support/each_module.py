@@ -38,11 +38,21 @@ def _lanes(modules: list[Path]) -> dict[str, list[Path]]:
     }
 
 
+_SAY = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One whole line on stdout: the two lanes' threads print at the same moments (both lanes' first lines at once), and
+    `print` writes the text and its newline apart, so two lines unguarded can interleave (seen once, stop 57)."""
+    with _SAY:
+        print(line, flush=True)
+
+
 def _run_lane(name: str, modules: list[Path], out: Path, results: list[str]) -> None:
     temp = Path(tempfile.gettempdir()) / name[0]
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
-    print(f"[{name}] temporary folder {temp}", flush=True)
+    _say(f"[{name}] temporary folder {temp}")
     env = {**os.environ, "TMPDIR": str(temp), SHARED_SHM_ENV: "1"}
     for module in modules:
         relative = module.relative_to(REPO_ROOT)
@@ -55,7 +65,7 @@ def _run_lane(name: str, modules: list[Path], out: Path, results: list[str]) -> 
             )  # fmt: skip
         line = f"{'passed' if status == 0 else f'FAILED (exit {status})'} {time.monotonic() - start:.0f} s {relative}"
         results.append(line)
-        print(f"[{name}] {line}", flush=True)
+        _say(f"[{name}] {line}")
     shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -214,17 +214,23 @@ def chat_completion(body: dict, content: str, token_ids: Iterable[int]) -> dict:
 class ChatCompletionStub:
     """vLLM's OpenAI chat server as NeMo Gym's training model server calls it, on 127.0.0.1 in a thread.
 
-    `/tokenize` answers a fixed three-token prompt; `/chat/completions` answers what `respond(body)` returns as
-    `(HTTP status, JSON payload)`. `release` is set by `close()`, for a `respond` that holds a request.
+    `GET /models` lists `model_name` (what the manager asks each policy server at start); `/tokenize` answers a fixed
+    three-token prompt; `/chat/completions` answers what `respond(body)` returns as `(HTTP status, JSON payload)`.
+    `release` is set by `close()`, for a `respond` that holds a request.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "tiny-qwen3") -> None:
         self.release = threading.Event()
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                if self.path.endswith("/models"):
+                    return self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model"}]})
+                self._send(404, {"object": "error", "message": f"no GET {self.path}"})
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -265,8 +265,12 @@ def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
     assert counts == (4.0, 1.0, 2.0, 1.0), {k: v for k, v in step.items() if k.startswith(gym)}
     assert step["timing_s/nemo_gym/all/failed"] == 1
     records = [json.loads(line) for line in (Path(out) / "advantages.jsonl").read_text().splitlines()]
-    assert len(records) == 3  # one per training step, in order
-    record = records[-1]
+    # One per training step, in order: steps 1 to 3, and step 4's when its rollout ended before the policy server was
+    # killed. The kill comes once the console shows step 3, which verl logs after step 3's weight sync, right before
+    # step 4's rollout (7 s here); on a loaded machine the console's kill once came after that rollout, and step 4's
+    # own weight sync met the dead server instead (stop 57).
+    assert len(records) in (3, 4)
+    record = records[2]
     assert record["estimator"] == "nemo_gym_grpo"
     uids, scores, valid = np.array(record["uid"], dtype=object), torch.tensor(record["score"]), record["valid"]
     advantages = torch.tensor(record["advantage"])
@@ -314,7 +318,8 @@ def test_validation_runs_before_training_per_environment(runs):
 def test_checkpoint_written_and_resume_loads_it(runs):
     spec = runs.spec
     assert (spec.checkpoint_dir / "global_step_2" / "actor").is_dir()
-    assert (spec.checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip() in {"2", "3"}
+    # Step 4, the last, is saved before its weight sync when its rollout ended before the kill (see above).
+    assert (spec.checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip() in {"2", "3", "4"}
     assert "global_step_2" in spec.log_file.read_text().split("Training from scratch")[-1]
 
 

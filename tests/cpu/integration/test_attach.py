@@ -100,19 +100,6 @@ def check_weather_episodes(output, results):
     assert output.batch["rm_scores"].sum().item() == 4.0
 
 
-def test_attached_gym_gets_the_policy_address_runs_the_batch_and_is_left_running(setup):
-    gym = setup["gym"]
-    before = gym.pids()
-    first = setup["addresses"][0]
-    output, results, attached, published = run_batch(setup, [first])
-    check_weather_episodes(output, results)
-    assert published == f"http://{first}/v1"  # one verl server: its own address, no relay
-    assert attached.relay is None
-    # Shut down: nothing of Gym's stopped; the address is unpublished (it would be a dead one).
-    assert gym.pids() == before
-    assert gym.endpoint_file.read_text().strip() == ""
-
-
 def test_several_policy_servers_are_published_as_one_relay_that_spreads_episodes_and_keeps_each_on_one(setup):
     addresses = setup["addresses"]
     output, results, attached, published = run_batch(setup, addresses)
@@ -154,7 +141,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the trainer dies without a word: no hook
 """
 
 
-def test_sigkill_of_the_trainer_leaves_the_attached_gym_running_and_usable(setup):
+def test_a_sigkilled_trainer_leaves_the_attached_gym_running_and_the_next_gets_the_policy_address_and_trains(setup):
     gym, tmp = setup["gym"], setup["tmp"]
     before = gym.pids()
     marker = tmp / "child_reward"
@@ -171,9 +158,14 @@ def test_sigkill_of_the_trainer_leaves_the_attached_gym_running_and_usable(setup
     assert gym.pids() == before
     # No hook ran in the child, yet its address is withdrawn: its watchdog emptied the endpoint file.
     assert gym.endpoint_file.read_text().strip() == ""
-    # The Gym still serves: the next trainer attaches and trains.
-    output, results, _, _ = run_batch(setup, [address])
+    # The Gym still serves: the next trainer attaches, hands Gym its one policy server's own address (no relay), runs
+    # its batch, and at its shutdown stops nothing of Gym's and unpublishes the address (it would be a dead one).
+    output, results, attached, published = run_batch(setup, [address])
     check_weather_episodes(output, results)
+    assert published == f"http://{address}/v1"
+    assert attached.relay is None
+    assert gym.pids() == before
+    assert gym.endpoint_file.read_text().strip() == ""
 
 
 def test_a_gym_without_the_named_policy_model_server_is_refused_at_start_naming_it(setup, tmp_path):

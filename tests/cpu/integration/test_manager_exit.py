@@ -3,15 +3,21 @@
 process behind and prints no error.
 
 Each test runs a child process that creates the real manager with verl's own `create(...)` call (verl's
-`LLMServerClient` over verl's own vLLM server on vLLM's CPU build, NeMo Gym's math servers from the wheel), runs one
-training batch (so NeMo Gym's HTTP session exists), records the pids of every NeMo Gym process, and exits:
+`LLMServerClient`, NeMo Gym's math servers from the wheel), runs one training batch (so NeMo Gym's HTTP session
+exists), records the pids of every NeMo Gym process, and exits:
 - `script`: the trainer script simply returns (interpreter exit: atexit);
 - `task_runner`: as verl's `main_ppo` runs it, the manager lives in a Ray actor (the TaskRunner) that nothing
   terminates; the driver gets the actor's result and exits, and Ray then ends the actor (SIGTERM, then SIGKILL
   about 0.1 s later: no atexit runs in the actor).
 
-And a start that fails after NeMo Gym is up stops it before it raises: here, in the test's own process, a data row
-naming an agent the running Gym does not serve (the check only a running Gym can make, `data_check.py`).
+The one stand-in: the policy server is the test support's `PolicyStub` (`tests/support/gym_runtime.py`: vLLM's
+OpenAI server as Gym's model server calls it, answering each math row with the number its prompt names), not verl's
+vLLM server. What is under test is the manager's Gym and its end, not the tokens; with verl's server this module
+would run on the worker that runs the suite's engine and trainers (`tests/cpu/conftest.py`), whose modules are the
+suite's wall time. The tokens of real episodes through the manager are `test_end_to_end.py`'s.
+
+A start that fails once NeMo Gym is up, and a trainer that raises or is sent SIGTERM before any batch, are
+`test_manager_lifetime.py`'s.
 """
 
 from __future__ import annotations
@@ -29,13 +35,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.data_check import DataFilesError
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
-from tests.support.cpu_policy.script import ScriptCompletion, ScriptedPolicy, ScriptRule
-from tests.support.engine.script_choice import scripted_row
-from tests.support.helpers import alive, free_port, math_row, nemo_gym_processes
+from tests.support.gym_runtime import PolicyStub, stub_math_row
+from tests.support.helpers import alive, free_port, nemo_gym_processes
 
 CHILD = r"""
 import json, sys
@@ -96,15 +100,13 @@ PROBLEM_WORDS = ("Traceback", "Error", "Exception")
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory, shared_engine):
-    """verl's vLLM server (the suite's shared engine: standalone rollout on vLLM's CPU build) and the script that
-    answers every math row with 4 (each row names it); the children reach the server by address (verl's
-    `LLMServerClient` in the child lists it)."""
-    script = ScriptedPolicy(
-        rules=[ScriptRule(name="answer 4", completion=ScriptCompletion(text="The answer is \\boxed{4}.", split="char"))]
-    )
-    script_file = script.to_file(tmp_path_factory.mktemp("policy") / "script.json")
-    return tiny_qwen3_dir(), shared_engine.address, script_file
+def policy():
+    """The policy server's "host:port" (verl's `LLMServerClient` in the child lists it)."""
+    stub = PolicyStub()
+    try:
+        yield stub.url.removeprefix("http://").removesuffix("/v1")
+    finally:
+        stub.close()
 
 
 @dataclass(frozen=True)
@@ -135,10 +137,10 @@ nemo_gym:
 def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
     """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
     process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
-    model_dir, address, script_file = policy
+    model_dir, address = tiny_qwen3_dir(), policy
     port = free_port()
     write_plugin_yaml(tmp_path / "plugin.yaml", port, tmp_path / "gym_logs" if log_dir else None)
-    rows = [scripted_row(math_row(q), script_file) for q in ("What is 2+2?", "What is 3+1?")]
+    rows = [stub_math_row(q, "4", answer="4") for q in ("What is 2+2?", "What is 3+1?")]
     write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box
@@ -203,31 +205,3 @@ def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_
     worker_logs = list(ray_dir.glob(f"session_*/logs/worker-*-{actor_pid}.err"))
     assert worker_logs, "the actor's stderr log was not found"
     assert problem_lines(worker_logs[0].read_text(errors="replace")) == [], worker_logs[0].read_text()[-5000:]
-
-
-def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and_gym_is_stopped(
-    tmp_path, shared_engine
-):
-    port = free_port()
-    plugin = write_plugin_yaml(tmp_path / "plugin.yaml", port)
-    unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
-    data = write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
-    sizes = {"prompt_length": 1024, "response_length": 64, "n": 1, "batch_size": 2}
-    overrides = [
-        *harness.cpu_trainer_overrides(tiny_qwen3_dir(), plugin, **sizes),
-        f"data.train_files=[{data}]",
-        f"data.val_files=[{data}]",
-    ]
-    # The dataset's own check, as verl builds it, passes (JSON and fields); the manager's, once Gym runs, does not.
-    with pytest.raises(DataFilesError) as raised:
-        with harness.manager_stack(tiny_qwen3_dir(), overrides, data, None, engine=shared_engine):
-            pass
-    assert str(raised.value).splitlines() == [
-        f"1 of 2 rows in {data} cannot be trained on; nothing was trained. Fix or remove them:",
-        f"  {data}:2: agent_ref.name 'wordle_simple_agent' is not an agent of the configured environments "
-        "['math_with_judge_simple_agent']",
-    ]
-    deadline = time.monotonic() + 10
-    while nemo_gym_processes(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert nemo_gym_processes(port) == []
