@@ -292,6 +292,19 @@ def ray_address():
         ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def policy_stub_address():
+    """The "host:port" of a `PolicyStub` for the module (`tests/support/gym_runtime.py`): a policy server that
+    answers each math row with the number its prompt names, for tests of the manager's Gym rather than its tokens."""
+    from tests.support.gym_runtime import PolicyStub
+
+    stub = PolicyStub()
+    try:
+        yield stub.address
+    finally:
+        stub.close()
+
+
 _SHARED_ENGINE: list = []  # this pytest process's `SharedEngine`, once a module has asked for it
 
 

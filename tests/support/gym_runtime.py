@@ -14,6 +14,10 @@ For the OwnedGym tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
 `tests/cpu/integration/test_gym_runtime.py`): the wheel's workplace and math configs (`WORKPLACE_CONFIG`,
 `MATH_CONFIG`), `gym_processes` (the live server processes of one head port), and a policy stub steered by markers
 in the prompt (`PolicyStub`; `stub_math_row` writes them).
+
+For tests of the agent loop manager's Gym (`test_manager_exit.py`, `test_manager_lifetime.py`): the manager reads
+its plugin YAML from a file, which `write_math_plugin(path, head_port, ...)` writes for the math environment; their
+policy is a `PolicyStub` too (`tests/cpu/conftest.py`'s `policy_stub_address`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -35,6 +40,20 @@ from tests.support.helpers import ChatCompletionStub, chat_completion, math_row,
 TRAINING_MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 WORKPLACE_CONFIG = "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"
 MATH_CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
+
+
+def write_math_plugin(path: Path, head_port: int, *, batch_s: int = 300, log_dir: Path | None = None) -> Path:
+    """The plugin YAML of NeMo Gym's math environment over the training model server, its head server on
+    `head_port` (tests find its processes by it), at `path`."""
+    logs = f"  log_dir: {log_dir}\n" if log_dir else ""
+    path.write_text(
+        f"""nemo_gym:
+  config_paths: [{TRAINING_MODEL_SERVER_CONFIG}, {MATH_CONFIG}]
+  head_server: {{port: {head_port}}}
+{logs}timeouts: {{startup_s: 600, batch_s: {batch_s}}}
+"""
+    )
+    return path
 
 
 def gym_config(

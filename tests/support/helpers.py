@@ -216,7 +216,8 @@ class ChatCompletionStub:
 
     `GET /models` lists `model_name` (what the manager asks each policy server at start); `/tokenize` answers a fixed
     three-token prompt; `/chat/completions` answers what `respond(body)` returns as `(HTTP status, JSON payload)`.
-    `release` is set by `close()`, for a `respond` that holds a request.
+    `release` is set by `close()`, for a `respond` that holds a request. `address` is its "host:port", as verl's
+    load balancer lists a policy server; `url` its OpenAI base URL.
     """
 
     def __init__(self, model_name: str = "tiny-qwen3") -> None:
@@ -249,7 +250,8 @@ class ChatCompletionStub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{self.address}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -10,11 +10,12 @@ exists), records the pids of every NeMo Gym process, and exits:
   terminates; the driver gets the actor's result and exits, and Ray then ends the actor (SIGTERM, then SIGKILL
   about 0.1 s later: no atexit runs in the actor).
 
-The one stand-in: the policy server is the test support's `PolicyStub` (`tests/support/gym_runtime.py`: vLLM's
-OpenAI server as Gym's model server calls it, answering each math row with the number its prompt names), not verl's
-vLLM server. What is under test is the manager's Gym and its end, not the tokens; with verl's server this module
-would run on the worker that runs the suite's engine and trainers (`tests/cpu/conftest.py`), whose modules are the
-suite's wall time. The tokens of real episodes through the manager are `test_end_to_end.py`'s.
+The one stand-in: the policy server is the test support's `PolicyStub` (`tests/support/gym_runtime.py`, through
+`tests/cpu/conftest.py`'s `policy_stub_address`: vLLM's OpenAI server as Gym's model server calls it, answering each
+math row with the number its prompt names), not verl's vLLM server. What is under test is the manager's Gym and its
+end, not the tokens; with verl's server this module would run on the worker that runs the suite's engine and
+trainers (`tests/cpu/conftest.py`), whose modules are the suite's wall time.
+The tokens of real episodes through the manager are `test_end_to_end.py`'s.
 
 A start that fails once NeMo Gym is up, and a trainer that raises or is sent SIGTERM before any batch, are
 `test_manager_lifetime.py`'s.
@@ -38,7 +39,7 @@ import pytest
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
-from tests.support.gym_runtime import PolicyStub, stub_math_row
+from tests.support.gym_runtime import stub_math_row, write_math_plugin
 from tests.support.helpers import alive, free_port, nemo_gym_processes
 
 CHILD = r"""
@@ -99,16 +100,6 @@ pytestmark = pytest.mark.integration
 PROBLEM_WORDS = ("Traceback", "Error", "Exception")
 
 
-@pytest.fixture(scope="module")
-def policy():
-    """The policy server's "host:port" (verl's `LLMServerClient` in the child lists it)."""
-    stub = PolicyStub()
-    try:
-        yield stub.url.removeprefix("http://").removesuffix("/v1")
-    finally:
-        stub.close()
-
-
 @dataclass(frozen=True)
 class ChildRun:
     returncode: int
@@ -118,33 +109,16 @@ class ChildRun:
     exited: float  # time.monotonic() when the child had exited
 
 
-def write_plugin_yaml(path: Path, port: int, log_dir: Path | None = None) -> Path:
-    """NeMo Gym's math environment, its head server on `port` (the tests find its processes by it)."""
-    logs = f"  log_dir: {log_dir}\n" if log_dir else ""
-    path.write_text(
-        f"""
-nemo_gym:
-  config_paths:
-    - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
-    - resources_servers/math_with_judge/configs/math_with_judge.yaml
-  head_server: {{port: {port}}}
-{logs}timeouts: {{startup_s: 600, batch_s: 300}}
-"""
-    )
-    return path
-
-
-def run_child(tmp_path: Path, ray_dir: Path, policy, mode: str, *, log_dir: bool) -> ChildRun:
+def run_child(tmp_path: Path, ray_dir: Path, policy_address: str, mode: str, *, log_dir: bool) -> ChildRun:
     """Run the child to its exit. Its output goes to files, not pipes: a pipe would make this wait for every
     process that inherited it (the NeMo Gym servers), hiding the very survivors the tests look for."""
-    model_dir, address = tiny_qwen3_dir(), policy
-    port = free_port()
-    write_plugin_yaml(tmp_path / "plugin.yaml", port, tmp_path / "gym_logs" if log_dir else None)
+    model_dir, port = tiny_qwen3_dir(), free_port()
+    write_math_plugin(tmp_path / "plugin.yaml", port, log_dir=tmp_path / "gym_logs" if log_dir else None)
     rows = [stub_math_row(q, "4", answer="4") for q in ("What is 2+2?", "What is 3+1?")]
     write_jsonl(rows, tmp_path / "rows.jsonl")
     env = {**os.environ, "PYTHONPATH": str(harness.REPO_ROOT)}  # the Ray actor imports the recipe too
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # Ray's 10 s start-up limit is short on a loaded CI box
-    argv = [sys.executable, "-c", CHILD, str(tmp_path), address, str(model_dir), mode]
+    argv = [sys.executable, "-c", CHILD, str(tmp_path), policy_address, str(model_dir), mode]
     with open(tmp_path / "stdout.txt", "wb") as out, open(tmp_path / "stderr.txt", "wb") as err:
         child = subprocess.run(
             [*argv, str(ray_dir)], cwd=harness.REPO_ROOT, env=env, stdout=out, stderr=err, timeout=540
@@ -179,9 +153,11 @@ def ray_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_trainer_script_exit_without_shutdown_stops_every_nemo_gym_process_silently(tmp_path, ray_dir, policy):
+def test_trainer_script_exit_without_shutdown_stops_every_nemo_gym_process_silently(
+    tmp_path, ray_dir, policy_stub_address
+):
     # No log_dir: the servers write to the trainer's own stderr, so their exit is checked for errors too.
-    run = run_child(tmp_path, ray_dir, policy, "script", log_dir=False)
+    run = run_child(tmp_path, ray_dir, policy_stub_address, "script", log_dir=False)
     assert run.returncode == 0, run.stderr[-5000:]
     assert len(run.pids) >= 3  # the model server, the math server and its agent (with their wrappers)
     assert survivors_after(run, 20.0) == [], "NeMo Gym processes outlived the trainer"
@@ -189,9 +165,11 @@ def test_trainer_script_exit_without_shutdown_stops_every_nemo_gym_process_silen
     assert problem_lines(run.stderr) == [], run.stderr[-5000:]
 
 
-def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_gym_process(tmp_path, ray_dir, policy):
+def test_task_runner_actor_ended_by_ray_after_main_ppo_returns_stops_every_nemo_gym_process(
+    tmp_path, ray_dir, policy_stub_address
+):
     # With log_dir, as the submit scripts run it: each server runs under a `| tee` pipeline.
-    run = run_child(tmp_path, ray_dir, policy, "task_runner", log_dir=True)
+    run = run_child(tmp_path, ray_dir, policy_stub_address, "task_runner", log_dir=True)
     assert run.returncode == 0, run.stderr[-5000:]
     assert len(run.pids) >= 3
     actor_pid = int((tmp_path / "actor_pid").read_text())

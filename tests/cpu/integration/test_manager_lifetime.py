@@ -4,11 +4,11 @@ trainer that raises or is sent SIGTERM while its manager holds a started Gym. No
 of them.
 
 The manager is the real one, created by verl's own `create(...)` call over verl's `LLMServerClient`, with NeMo Gym's
-math servers from the wheel. No request reaches the policy in these tests, so
-the policy is an address nothing listens on (127.0.0.1:9, the discard port): verl's client and Gym's model server
-only list it. That keeps this module off the worker that runs the suite's vLLM engine (`tests/cpu/conftest.py`).
-The same exits after a batch, over verl's vLLM server, are `test_manager_exit.py`'s; the runtime's own hooks
-(SIGTERM chained, SIGKILL, interpreter exit) are `test_gym_runtime.py`'s.
+math servers from the wheel. No episode runs in these tests: the manager only asks its policy server for its
+model at start, so the policy is the test support's `PolicyStub` (`tests/cpu/conftest.py`'s `policy_stub_address`),
+not verl's vLLM server, which keeps this module off the worker that runs the suite's engine and trainers. The same
+exits after a batch are `test_manager_exit.py`'s; the runtime's own hooks (SIGTERM chained, SIGKILL, interpreter
+exit) are `test_gym_runtime.py`'s.
 """
 
 from __future__ import annotations
@@ -28,29 +28,10 @@ from recipe.nemo_gym.data_check import DataFilesError
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
-from tests.support.gym_runtime import PolicyStub
+from tests.support.gym_runtime import write_math_plugin
 from tests.support.helpers import REPO_ROOT, alive, free_port, math_row, nemo_gym_processes
 
 pytestmark = pytest.mark.integration
-
-MATH_PLUGIN = """
-nemo_gym:
-  config_paths:
-    - responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
-    - resources_servers/math_with_judge/configs/math_with_judge.yaml
-  head_server: {{port: {port}}}
-timeouts: {{startup_s: 600, batch_s: 60}}
-"""
-
-
-@pytest.fixture(scope="module")
-def policy_address():
-    """The policy server's "host:port", as verl's load balancer lists it."""
-    stub = PolicyStub()
-    try:
-        yield stub.url.removeprefix("http://").removesuffix("/v1")
-    finally:
-        stub.close()
 
 
 def _sizes(plugin: Path) -> list[str]:
@@ -60,15 +41,14 @@ def _sizes(plugin: Path) -> list[str]:
 
 
 def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and_gym_is_stopped(
-    tmp_path, ray_address, policy_address
+    tmp_path, ray_address, policy_stub_address
 ):
     port = free_port()
-    plugin = tmp_path / "plugin.yaml"
-    plugin.write_text(MATH_PLUGIN.format(port=port))
+    plugin = write_math_plugin(tmp_path / "plugin.yaml", port, batch_s=60)
     unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
     data = write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
     config = harness.compose_verl_config([*_sizes(plugin), f"data.train_files=[{data}]", f"data.val_files=[{data}]"])
-    client = harness.verl_llm_client(config, [policy_address])
+    client = harness.verl_llm_client(config, [policy_stub_address])
     # The dataset's own check, as verl builds it, passes (JSON and fields); the manager's, once Gym runs, does not.
     with pytest.raises(DataFilesError) as raised, harness.manager_over(config, client):
         pass
@@ -93,7 +73,6 @@ import ray
 
 from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
 from tests.support.cpu_policy import harness
-from tests.support.gym_runtime import PolicyStub
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
 tmp, ray_address, policy_address = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -118,7 +97,7 @@ def _start_trainer(tmp: Path, ray_address: str, policy_address: str) -> tuple[ps
     """A trainer process (joining the module's Ray, as `main_ppo`'s driver joins its own) whose manager has started
     NeMo Gym's math environment. Returns it, the head port and its descendants once Gym is up."""
     head_port = free_port()
-    (tmp / "plugin.yaml").write_text(MATH_PLUGIN.format(port=head_port))
+    write_math_plugin(tmp / "plugin.yaml", head_port, batch_s=60)
     child = psutil.Popen(
         [sys.executable, "-c", CHILD, str(tmp), ray_address, policy_address],
         cwd=REPO_ROOT,
@@ -154,8 +133,8 @@ def _reap(child: psutil.Popen, pids) -> tuple[int, str]:
     return child.returncode, err
 
 
-def test_an_exception_in_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy_address):
-    child, head_port, family = _start_trainer(tmp_path, ray_address, policy_address)
+def test_an_exception_in_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy_stub_address):
+    child, head_port, family = _start_trainer(tmp_path, ray_address, policy_stub_address)
     (tmp_path / "raise_now").write_text("")
     code, err = _reap(child, family)
     assert code == 1 and "RuntimeError: trainer step failed" in err, err[-3000:]
@@ -163,8 +142,8 @@ def test_an_exception_in_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_ad
     assert nemo_gym_processes(head_port) == []
 
 
-def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy_address):
-    child, head_port, family = _start_trainer(tmp_path, ray_address, policy_address)
+def test_sigterm_to_the_trainer_leaves_no_nemo_gym_process(tmp_path, ray_address, policy_stub_address):
+    child, head_port, family = _start_trainer(tmp_path, ray_address, policy_stub_address)
     child.send_signal(signal.SIGTERM)
     code, err = _reap(child, family)
     # The runtime's hook stopped the servers, then chained to the handler before it: Ray's driver handler, which
