@@ -136,9 +136,10 @@ async def run_examples_in_order(
     # either: it registers and removes a callback on every pending task at each wake-up, O(rows) per finished row.
     # Each task instead reports itself once, when it ends, to `finished`, and the loop takes what is there.
     deadline = loop.time() + deadline_s
-    # The health check probes every policy server over HTTP and reads Gym's process table: once per interval, not
-    # at every wake-up. Wake-ups come with every few finished rows, and checking at each cost the loop about 1.1 of
-    # its 1.7-1.8 CPU-ms per model call (`bench_load.py --replicas 4`, benchmarks/README.md).
+    # The health check probes every policy server over HTTP and checks every Gym server (its process, or an attached
+    # Gym's over HTTP): once per interval, not at every wake-up. Wake-ups come with every few finished rows, and
+    # checking at each cost the loop about 1.1 of its 1.7-1.8 CPU-ms per model call (`bench_load.py --replicas 4`,
+    # benchmarks/README.md).
     next_check = loop.time() + health_check_interval_s
     finished: list[asyncio.Task] = []
     woken = asyncio.Event()
