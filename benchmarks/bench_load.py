@@ -30,7 +30,9 @@ verify failing at random at `--transient-failure-pct` (HTTP 500; the manager ret
 `--replicas K` runs the environment's agent as K copies, each with its own resources and environment server
 (`nemo_gym.replicas`); the report gives CPU per model call by role (manager, relay, agent, model server, resources
 server, policy server), all of a role's processes together and its busiest one alone. Run it under `taskset -c ...`
-to measure on fewer cores (the report says how many it had).
+to measure on fewer cores (the report says how many it had). The manager's CPU is also given by thread
+(`manager_threads`): its event loop (`nemo-gym`, where rows are posted and results read), the benchmark's own
+`fd-sampler` (taken out of the manager's figure) and the rest (Ray's, verl's).
 `--batches B` measures B batches of `--episodes` one after another (the same rows; episodes, calls, failures,
 retries and recoveries summed): few episodes in flight keep the machine below saturation, so that CPU per call is
 compared without the contention of a full batch on two cores.
@@ -288,6 +290,34 @@ def cpu_by_role(processes: list[dict[str, Any]], kinds: dict[str, str], calls: i
     return roles
 
 
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """This process's threads: native id -> (name, CPU-s so far). Python threads by their `threading` name, the
+    others (Ray's, gRPC's, the tokenizer's) by their OS name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    threads = {}
+    for thread in psutil.Process().threads():
+        name = names.get(thread.id)
+        if name is None:
+            try:
+                name = Path(f"/proc/self/task/{thread.id}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+        threads[thread.id] = (name, thread.user_time + thread.system_time)
+    return threads
+
+
+def cpu_by_thread(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], calls: int) -> list:
+    """The manager's CPU during the batch by thread name (threads of one name summed; one started during the batch
+    counts from zero, one that ended is lost), busiest first: `[name, threads, CPU-ms per call]`."""
+    named: dict[str, list[float]] = {}
+    for tid, (name, cpu) in after.items():
+        entry = named.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += cpu - before.get(tid, (name, 0.0))[1]
+    rows = [[name, count, round(1000 * cpu / max(calls, 1), 3)] for name, (count, cpu) in named.items()]
+    return sorted((row for row in rows if row[2] > 0), key=lambda row: -row[2])
+
+
 def _cpu_s(proc: psutil.Process) -> float:
     try:
         times = proc.cpu_times()
@@ -526,6 +556,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 watched[policy_pid] = POLICY_SERVER
             results = []
             counted = dict.fromkeys(("failed", "retried", "recovered"), 0.0)  # the manager's metrics, every batch's
+            threads_before = thread_cpu_s()
             with FDSampler(watched, args.sample_interval_s) as sampler:
                 t0 = time.perf_counter()
                 for _ in range(args.batches):
@@ -534,6 +565,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for key in counted:
                         counted[key] += output.meta_info["timing"][f"nemo_gym/all/{key}"]
                 wall = time.perf_counter() - t0
+                threads_after = thread_cpu_s()
             rewards = [reward_of(r) for r in results if not isinstance(r, EpisodeFailure)]
             calls = sum(model_calls(r) for r in results if not isinstance(r, EpisodeFailure))
             processes = sampler.report()
@@ -566,6 +598,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "fd_peak_total": sampler.peak_total,
                     "processes": processes,
                     "roles": cpu_by_role(processes, kinds, calls),
+                    "manager_threads": cpu_by_thread(threads_before, threads_after, calls),
                     "routed": dict(runtime.connection.router.routed),
                     "server_connector_limits": server_connector_limits(server_pids),
                     "manager_connector": limits,
@@ -673,6 +706,8 @@ def main() -> None:
             f"{entry['cpu_ms_per_call']:.2f} CPU-ms per call (busiest process {entry['busiest_cpu_ms_per_call']:.2f}), "
             f"peak RSS {entry['peak_rss_mb']:.0f} MB"
         )
+    shown = ", ".join(f"{name} ×{count} {ms:.3f}" for name, count, ms in report["manager_threads"][:8])
+    print(f"  the manager's CPU-ms per call by thread (the sampler's included): {shown}")
     print(f"episodes per agent copy: {report['routed']}")
     for row in report["processes"]:
         print(

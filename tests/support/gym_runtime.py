@@ -42,7 +42,7 @@ WORKPLACE_CONFIG = "resources_servers/workplace_assistant/configs/workplace_assi
 MATH_CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
 
 
-def write_math_plugin(path: Path, head_port: int, *, batch_s: int = 300, log_dir: Path | None = None) -> Path:
+def write_math_plugin(path: Path, head_port: int, *, log_dir: Path | None = None) -> Path:
     """The plugin YAML of NeMo Gym's math environment over the training model server, its head server on
     `head_port` (tests find its processes by it), at `path`."""
     logs = f"  log_dir: {log_dir}\n" if log_dir else ""
@@ -50,7 +50,7 @@ def write_math_plugin(path: Path, head_port: int, *, batch_s: int = 300, log_dir
         f"""nemo_gym:
   config_paths: [{TRAINING_MODEL_SERVER_CONFIG}, {MATH_CONFIG}]
   head_server: {{port: {head_port}}}
-{logs}timeouts: {{startup_s: 600, batch_s: {batch_s}}}
+{logs}timeouts: {{startup_s: 600, batch_s: 300}}
 """
     )
     return path

@@ -44,7 +44,7 @@ def test_a_row_naming_no_agent_of_the_running_gym_fails_the_start_listing_it_and
     tmp_path, ray_address, policy_stub_address
 ):
     port = free_port()
-    plugin = write_math_plugin(tmp_path / "plugin.yaml", port, batch_s=60)
+    plugin = write_math_plugin(tmp_path / "plugin.yaml", port)
     unknown = {**math_row("What is 3+1?"), "agent_ref": {"name": "wordle_simple_agent"}}
     data = write_jsonl([math_row("What is 2+2?"), unknown], tmp_path / "rows.jsonl")
     config = harness.compose_verl_config([*_sizes(plugin), f"data.train_files=[{data}]", f"data.val_files=[{data}]"])
@@ -97,7 +97,7 @@ def _start_trainer(tmp: Path, ray_address: str, policy_address: str) -> tuple[ps
     """A trainer process (joining the module's Ray, as `main_ppo`'s driver joins its own) whose manager has started
     NeMo Gym's math environment. Returns it, the head port and its descendants once Gym is up."""
     head_port = free_port()
-    write_math_plugin(tmp / "plugin.yaml", head_port, batch_s=60)
+    write_math_plugin(tmp / "plugin.yaml", head_port)
     child = psutil.Popen(
         [sys.executable, "-c", CHILD, str(tmp), ray_address, policy_address],
         cwd=REPO_ROOT,

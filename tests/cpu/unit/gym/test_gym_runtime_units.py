@@ -426,6 +426,32 @@ def test_run_examples_in_order_deadline_cancels_pending_and_counts_them() -> Non
     assert sorted(cancelled) == [1, 2]
 
 
+def test_run_examples_in_order_checks_health_once_per_interval_however_often_rows_finish() -> None:
+    # 60 rows ending 10 ms apart wake the wait loop about 60 times in 0.6 s; the health check (an HTTP probe of
+    # every policy server and a read of Gym's process table) must still run only once per interval.
+    checked: list[float] = []
+
+    async def health() -> None:
+        checked.append(asyncio.get_running_loop().time())
+
+    async def post_run(i: int, row: dict) -> dict:
+        await asyncio.sleep(0.01 * (i + 1))
+        return {"i": i}
+
+    rows = [{} for _ in range(60)]
+    out = asyncio.run(
+        run_examples_in_order(rows, post_run, deadline_s=30, health_check=health, health_check_interval_s=0.1)
+    )
+    assert out == [{"i": i} for i in range(60)]
+    gaps = [b - a for a, b in zip(checked, checked[1:], strict=False)]
+    assert len(checked) >= 3, checked  # before the first request, then while rows are pending
+    assert min(gaps) >= 0.1 - 1e-6, gaps  # (the tolerance: float subtraction of the loop's clock)
+
+    checked.clear()
+    asyncio.run(run_examples_in_order(rows, post_run, deadline_s=30, health_check=health, health_check_interval_s=10))
+    assert len(checked) == 1  # the batch ends before its first interval does
+
+
 def test_run_examples_in_order_aborts_naming_the_dead_server() -> None:
     calls = []
 
