@@ -50,8 +50,8 @@ import pytest
 # seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s). test_attach_training's run
 # (179 s, 2026-11-28) is gone: its killed policy server is test_main_ppo's resumed run's end, its collect processes
 # run in test_two_nodes' attached job.
-# end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
-# `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
+# end_to_end, end_to_end_gym_0_4, more_environments, catalogue, judges, load and attach share one verl vLLM server
+# (the `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
 # test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
 # Stop 57 (2026-11-29: 28.9 min, the heavy worker to minute 28.8, the other idle from 23.1): test_load's two loads
 # became one, and the manager's lifetime tests (test_manager_exit, test_manager_lifetime), whose policy server only
@@ -66,6 +66,9 @@ HEAVY_MODULES = (
     "test_end_to_end.py",
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
+    # NeMo Gym's catalogue: six stacks of about ten environments (test_catalogue), one judged through a judge URL.
+    "test_catalogue.py",
+    "test_judges.py",
     "test_load.py",
     "test_attach.py",
 )
