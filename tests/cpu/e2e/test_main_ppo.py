@@ -2,12 +2,13 @@
 """verl's real `python -m verl.trainer.main_ppo` trains through the plugin on CPU (the product, end to end).
 
 One module-scoped run of the CPU training backend (`recipe.nemo_gym.cpu_backend`): validation before
-training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls), math
-(scripted answers), uppercase_share (answers sampled by the model) and three servers of Gym's catalogue, one of them
-scored by an LLM judge (`gpqa_diamond`, `ruler`, and `equivalence_llm_judge` judged by the plugin's judge on the
-trainer's own vLLM server: `judge: policy`), a checkpoint after step 2, then a second `main_ppo` that resumes from it
-and trains step 3. Every check reads verl's own logged metrics or its checkpoint folder, or the advantages verl's
-`compute_advantage` returned (the plugin's `$NEMO_GYM_VERL_ADVANTAGE_LOG` record):
+training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls),
+uppercase_share (answers sampled by the model) and three servers of Gym's catalogue, one of them scored by an LLM judge
+(`gpqa_diamond`, `ruler`, and `equivalence_llm_judge` judged by the plugin's judge on the trainer's own vLLM server:
+`judge: policy`), a checkpoint after step 2, then a second `main_ppo` that resumes from it and trains step 3 on the
+workplace assistant, uppercase_share, math (scripted answers) and `fail_on_request`. Every check reads verl's own
+logged metrics or its checkpoint folder, or the advantages verl's `compute_advantage` returned (the plugin's
+`$NEMO_GYM_VERL_ADVANTAGE_LOG` record):
 
 - the actor's recomputed log-probs equal the rollout's on every generated token (`training/rollout_probs_diff_max`
   in probability space and `rollout_corr/log_ppl_abs_diff` in log space), at every step: splice, packing and
@@ -101,11 +102,12 @@ def catalogue_answers():
 
 
 def ordered_rows(out: Path) -> tuple[list[dict], list[dict]]:
-    """The two runs' 21 rows, in order (data.shuffle=false). The first run's batches of 7 of steps 1 and 2 hold one
-    workplace, one math, two uppercase rows and the three catalogue rows each (each naming its answer's script,
-    written under `out`); step 3's (the resumed run's) a workplace row, three uppercase rows, a math row and
-    `fail_on_request`'s FAIL_ONCE and FAIL_FIRST_OF_2 rows. The resumed run's blend has no catalogue server: its file
-    holds uppercase rows where the first's holds catalogue rows (the checkpoint resumes it at step 3's rows)."""
+    """The two runs' 15 rows, in order (data.shuffle=false): batches of 5. The first run's steps 1 and 2 hold one
+    workplace row, one uppercase row and the three catalogue rows each (each naming its answer's script, written under
+    `out`); the resumed run's step 3 a workplace row, an uppercase row, a math row and `fail_on_request`'s FAIL_ONCE
+    and FAIL_FIRST_OF_2 rows. Each run's file holds only rows of its own blend's agents (the plugin checks every row
+    before step 1), and the checkpoint resumes the second at its third batch: the batches a run never trains are rows
+    of its agents too."""
     examples = example_rows()
     workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
     math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
@@ -130,33 +132,45 @@ def ordered_rows(out: Path) -> tuple[list[dict], list[dict]]:
         scripted_row(answer.row, answer.policy.to_file(out / f"catalogue-{i}.json"))
         for i, answer in enumerate(catalogue_answers())
     ]
-    step_3 = [carlos, flaky[0], uppercase[4], flaky[1], uppercase[5], uppercase[6], math_rows[2]]
+    first = [
+        *(carlos, uppercase[0], *catalogue),
+        *(other, uppercase[1], *catalogue),
+        *(carlos, uppercase[2], *catalogue),  # a third batch, which the first run does not train
+    ]
+    resumed = [
+        *(carlos, *uppercase[0:4]),
+        *(other, *uppercase[0:4]),
+        *(carlos, flaky[0], uppercase[4], flaky[1], math_rows[0]),
+    ]
+    return first, resumed
 
-    def rows(extra: list[dict]) -> list[dict]:
-        return [
-            *(carlos, uppercase[0], uppercase[1], math_rows[0], *extra),
-            *(other, uppercase[2], uppercase[3], math_rows[1], *extra),
-            *step_3,
-        ]
 
-    return rows(catalogue), rows(uppercase[7:10])
+def catalogue_blend(path: Path, judge_script: Path) -> Path:
+    """The first run's blend: the shipped blend's workplace and uppercase_share (its agent run as two copies,
+    `nemo_gym.replicas`) and the catalogue's three servers (their shipped configs' Gym configs), judged by the plugin's
+    judge on the trainer's own vLLM server playing `judge_script`."""
+    config = yaml.safe_load(BLEND.read_text())
+    paths = config["nemo_gym"]["config_paths"]
+    config["nemo_gym"]["config_paths"] = [p for p in paths if "/math_with_judge/" not in p]
+    config["nemo_gym"].pop("config_overrides")  # the math server's own
+    for kind, agent, _ in CATALOGUE:
+        server = agent.removesuffix("_simple_agent")
+        shipped = yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text())["nemo_gym"]["config_paths"]
+        config["nemo_gym"]["config_paths"] += [p for p in shipped if f"/{server}/" in p]
+    config["nemo_gym"]["judge"] = {"base_url": "policy", "extra_body": script_body(judge_script)}
+    config["nemo_gym"]["replicas"] = {UPPERCASE: 2}
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
-def blend_with_flaky_server(path: Path, judge_script: Path | None) -> Path:
-    """The shipped blend plus `fail_on_request` and, with `judge_script`, the catalogue's three servers (their shipped
-    configs' Gym configs), judged by the plugin's judge on the trainer's own vLLM server playing `judge_script`;
-    uppercase_share's agent run as two copies (`nemo_gym.replicas`); failures retried once, 0.5 s apart. A group that
-    keeps one valid episode still trains (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO
-    over it alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 14. The servers
-    are checked every 2 s while a batch waits, so the policy server killed after step 3 is named within seconds."""
+def blend_with_flaky_server(path: Path) -> Path:
+    """The resumed run's blend: the shipped blend plus `fail_on_request`, uppercase_share's agent run as two copies
+    (`nemo_gym.replicas`); failures retried once, 0.5 s apart. A group that keeps one valid episode still trains
+    (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it alone. The shipped failure
+    budget (`max_fraction`) admits step 3's one failed episode of 10. The servers are checked every 2 s while a batch
+    waits, so the policy server killed after step 3 is named within seconds."""
     config = yaml.safe_load(BLEND.read_text())
     config["nemo_gym"]["config_paths"].append(str(FLAKY_CONFIG))
-    if judge_script is not None:
-        for kind, agent, _ in CATALOGUE:
-            server = agent.removesuffix("_simple_agent")
-            shipped = yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text())["nemo_gym"]["config_paths"]
-            config["nemo_gym"]["config_paths"] += [p for p in shipped if f"/{server}/" in p]
-        config["nemo_gym"]["judge"] = {"base_url": "policy", "extra_body": script_body(judge_script)}
     config["failures"].update(retries=1, retry_delay_s=0.5, min_valid_per_group=1)
     config["timeouts"]["health_check_interval_s"] = 2
     config["nemo_gym"]["replicas"] = {UPPERCASE: 2}
@@ -204,11 +218,11 @@ def runs(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=blend_with_flaky_server(out / "blend.yaml", judge_script),
+        agent_loop_config=catalogue_blend(out / "blend.yaml", judge_script),
         train_files=[train],
         val_files=[val],
         steps=2,
-        batch_size=7,
+        batch_size=5,
         n=2,
         prompt_length=1024,
         response_length=256,
@@ -230,7 +244,7 @@ def runs(tmp_path_factory):
             "steps": 4,
             "resume": True,
             "val_before_train": False,
-            "agent_loop_config": blend_with_flaky_server(out / "resumed_blend.yaml", None),
+            "agent_loop_config": blend_with_flaky_server(out / "resumed_blend.yaml"),
             "train_files": [resumed_train],
         }
         second = run_job(JobSpec(**{**spec.__dict__, **resumed}), console=console)
@@ -281,7 +295,7 @@ def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_
         assert data[f"timing_s/nemo_gym/{UPPERCASE}/generated_tokens/max"] <= UPPERCASE_ANSWER_TOKENS
     catalogue = {agent for _, agent, _ in CATALOGUE}
     for data in _training_steps(first):
-        assert set(environments(data)) == {WORKPLACE, MATH, UPPERCASE, *catalogue}
+        assert set(environments(data)) == {WORKPLACE, UPPERCASE, *catalogue}
         assert data["timing_s/nemo_gym/all/failed"] == 0
     (step_3,) = _training_steps(second)
     assert set(environments(step_3)) == {WORKPLACE, UPPERCASE, MATH, FLAKY}
@@ -309,7 +323,7 @@ def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
     spec, first, second = runs.spec, runs.first, runs.second
     spread = re.findall(rf"{UPPERCASE} on 2 copies: (\d+), (\d+) runs", spec.log_file.read_text(errors="replace"))
     runs_per_copy = [(int(a), int(b)) for a, b in spread]
-    assert runs_per_copy.count((2, 2)) >= 2, runs_per_copy  # steps 1 and 2: 2 rows x 2 samples each
+    assert runs_per_copy.count((1, 1)) >= 3, runs_per_copy  # steps 1 to 3: a row's 2 samples, one on each copy
     assert all(abs(a - b) <= 1 for a, b in runs_per_copy), runs_per_copy
     for data in _training_steps(first) + _training_steps(second):
         assert data[f"timing_s/nemo_gym/{UPPERCASE}/episodes"] > 0
@@ -342,10 +356,10 @@ def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
         scores[keep].unsqueeze(-1), torch.ones(int(keep.sum()), 1), uids[keep], norm_adv_by_std_in_grpo=True
     )
     assert torch.allclose(advantages[keep], expected.squeeze(-1), atol=1e-6), (advantages, expected)
-    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [1, 2, 2, 2, 2, 2, 2]  # every group trains
-    # verl's reward curve averages the thirteen valid episodes only; the failed one is among its aborted samples.
+    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [1, 2, 2, 2, 2]  # every group trains
+    # verl's reward curve averages the nine valid episodes only; the failed one is among its aborted samples.
     assert step["critic/score/mean"] == pytest.approx(scores[keep].mean().item(), abs=1e-6)
-    assert step["response/aborted_ratio"] == pytest.approx(1 / 14)
+    assert step["response/aborted_ratio"] == pytest.approx(1 / 10)
     # The reward the user reads per environment leaves it out too: fail_on_request's mean is over its 3 valid
     # episodes (the valid scores' sum, less the other environments' episodes at their means).
     others = sum(

@@ -43,9 +43,9 @@ Quirks a user must know:
   (`reward_if_unclear`) respectively, with no failure flag.
 - xstest asks its judge for at most 50 tokens, fewer than the scripted judge (one token per character) needs for
   WildGuard's 60-character answer: `TEST_OVERRIDES` raises it to 128 (a real WildGuard answer is about 15 tokens).
-- aegis_v4_safety's example rows set `max_output_tokens: 131072`; played straight through Gym (as here, without the
-  plugin's clamp to the response length) every policy call fails as `prompt_too_long` on a smaller context, so
-  `answers` sets it to 1024 on the row used.
+- aegis_v4_safety's example rows set `max_output_tokens: 131072`: the manager clamps a row's limit to verl's
+  response length, but posted to Gym without it every policy call fails as `prompt_too_long` on a smaller context,
+  so `answers` sets 1024 on the row used (it plays the same either way).
 - xstest's server start polls its judge and probes `POST {judge}/v1/responses` until it answers.
 """
 
