@@ -66,11 +66,13 @@ HEAVY_MODULES = (
     "test_end_to_end.py",
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
-    # NeMo Gym's catalogue: six stacks of about ten environments (test_catalogue), one judged through a judge URL.
-    "test_catalogue.py",
-    "test_judges.py",
     "test_load.py",
     "test_attach.py",
+    # NeMo Gym's catalogue: six stacks of about ten environments (test_catalogue), and one judged through a judge URL
+    # (test_judges).
+    # Last, so that their stacks, the suite's biggest, run once the other worker has ended or nearly.
+    "test_catalogue.py",
+    "test_judges.py",
 )
 # Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
 # order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.integration
 
 # The kinds of each stack, in one NeMo Gym; stacks run one after another. A Gym server takes about 150 MB and 2 to 4
 # CPU-seconds to start, and an environment three of them (resources server, agent, the environment server in front),
-# so about ten environments go to a stack: a bigger one would raise the suite's peak memory, more of them its time.
+# so about ten environments go to a stack. More of them would add their fixed part (Gym's launcher and Ray, the head
+# and policy model servers, the manager, verl's load balancer); a bigger one starts more slowly than two of ten (a stack
+# of 15 took about six minutes to start on 2 cores, where stacks of 9 and 10 took 80 to 105 s) and raises the peak.
 STACKS = {
     "knowledge": ("knowledge",),
     "grading_and_science": ("grading", "science"),
