@@ -190,15 +190,7 @@ def test_every_status_is_runs_here_a_list_of_needs_a_candidate_or_moved():
     wrong = []
     for row in rows:
         if row.status.startswith(NEEDS):
-            for need in needs_of(row.status):
-                if not need.startswith(NEED_KINDS):
-                    wrong.append(f"{row.where()}: {need!r} is none of the page's needs {NEED_KINDS}")
-                elif need.startswith("PyPI packages"):
-                    wrong += [
-                        f"{row.where()}: {package!r} is named as missing, but gym-requirements.txt locks it"
-                        for package in _CODE.findall(need)
-                        if re.sub(r"[-_.]+", "-", package).lower() in locked
-                    ]
+            wrong += _wrong_needs(row, NEED_KINDS, locked)
         elif target := MOVED.fullmatch(row.status):
             if target[1] not in names or target[1] in moved:
                 wrong.append(f"{row.where()}: moved to {target[1]!r}, which is no row of its own in the table")
@@ -248,20 +240,27 @@ def test_every_server_status_runs_here_names_its_judge_lists_its_needs_or_is_a_c
     wrong = []
     for row in server_rows():
         if row.status.startswith(NEEDS):
-            for need in needs_of(row.status):
-                if not need.startswith(SERVER_NEED_KINDS):
-                    wrong.append(f"{row.where()}: {need!r} is none of the page's needs {SERVER_NEED_KINDS}")
-                elif need.startswith("PyPI packages"):
-                    wrong += [
-                        f"{row.where()}: {package!r} is named as missing, but gym-requirements.txt locks it"
-                        for package in _CODE.findall(need)
-                        if re.sub(r"[-_.]+", "-", package).lower() in locked
-                    ]
+            wrong += _wrong_needs(row, SERVER_NEED_KINDS, locked)
         elif not row.status.startswith((RUNS_HERE, JUDGE, CANDIDATE)):
             wrong.append(f"{row.where()}: status {row.status!r} is none of runs here / judge / needs / candidate")
         elif row.status.startswith(JUDGE) and RUNS_HERE in row.status and RUNS_WITH_JUDGE not in row.status:
             wrong.append(f"{row.where()}: a judged server that runs here says so as {RUNS_WITH_JUDGE.strip()!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def _wrong_needs(row: Row, kinds: tuple[str, ...], locked: set[str]) -> list[str]:
+    """What is wrong with a "needs: ..." row: a need of none of `kinds`, a PyPI package named missing that is locked."""
+    wrong = []
+    for need in needs_of(row.status):
+        if not need.startswith(kinds):
+            wrong.append(f"{row.where()}: {need!r} is none of the page's needs {kinds}")
+        elif need.startswith("PyPI packages"):
+            wrong += [
+                f"{row.where()}: {package!r} is named as missing, but gym-requirements.txt locks it"
+                for package in _CODE.findall(need)
+                if re.sub(r"[-_.]+", "-", package).lower() in locked
+            ]
+    return wrong
 
 
 def _shipped_configs_start(row: Row, servers: set[str]) -> list[str]:
