@@ -73,6 +73,9 @@ HEAVY_MODULES = (
     # Last, so that their stacks, the suite's biggest, run once the other worker has ended or nearly.
     "test_catalogue.py",
     "test_judges.py",
+    # A trainer on three of the catalogue's servers and a judge: last, with the engine stopped and the other worker
+    # ended, where it runs beside nothing.
+    "test_main_ppo_catalogue.py",
 )
 # Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
 # order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines

@@ -2,12 +2,10 @@
 """verl's real `python -m verl.trainer.main_ppo` trains through the plugin on CPU (the product, end to end).
 
 One module-scoped run of the CPU training backend (`recipe.nemo_gym.cpu_backend`): validation before
-training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls),
-uppercase_share (answers sampled by the model) and three servers of Gym's catalogue, one of them scored by an LLM judge
-(`gpqa_diamond`, `ruler`, and `equivalence_llm_judge` judged by the plugin's judge on the trainer's own vLLM server:
-`judge: policy`), a checkpoint after step 2, then a second `main_ppo` that resumes from it and trains step 3 on the
-workplace assistant, uppercase_share, math (scripted answers) and `fail_on_request`. Every check reads verl's own
-logged metrics or its checkpoint folder, or the advantages verl's `compute_advantage` returned (the plugin's
+training, two GRPO steps on a blend of NeMo Gym's workplace assistant (scripted multi-turn tool calls), math
+(scripted answers) and uppercase_share (answers sampled by the model), a checkpoint after step 2, then a second
+`main_ppo` that resumes from it and trains step 3. Every check reads verl's own logged metrics or its
+checkpoint folder, or the advantages verl's `compute_advantage` returned (the plugin's
 `$NEMO_GYM_VERL_ADVANTAGE_LOG` record):
 
 - the actor's recomputed log-probs equal the rollout's on every generated token (`training/rollout_probs_diff_max`
@@ -16,8 +14,6 @@ logged metrics or its checkpoint folder, or the advantages verl's `compute_advan
 - the update is real (non-zero gradient; with lr 1e-2 Adam moves every weight by ~1e-2 in one step, so a rollout
   server left on stale weights would be off by far more than the tolerance);
 - workplace episodes really call tools (environment tokens are masked in the batch), and no episode failed;
-- each catalogue server's reward, in steps 1 and 2's metrics, is what the server (for `equivalence_llm_judge`, the
-  judge) gives the scripted answer (`tests/support/cpu_policy/catalogue/`; the resumed run's blend has none);
 - uppercase_share's agent runs as two copies (`nemo_gym.replicas`), and its rows are spread over both;
 - the checkpoint is written and a resumed run trains one more step; nothing is left running afterwards, and no
   shared-memory segment or socket of the runs is left in /dev/shm or /tmp;
@@ -31,9 +27,7 @@ logged metrics or its checkpoint folder, or the advantages verl's `compute_advan
 
 The rollout is verl's own `rollout.name=vllm` on vLLM's CPU build: the `vLLMHttpServer` actor, vLLM's engine, verl's
 weight sync, and the splice patch armed in the actor by `VERL_USE_EXTERNAL_MODULES`. Scripted turns are forced
-inside that engine by a logits processor while vLLM reports the model's raw log-probs (`scripted_logits.py`): the
-job's own script, or for a catalogue row the one the row names (`script_choice.scripted_row`), and for the judge's
-requests the verdicts its `extra_body` names.
+inside that engine by a logits processor while vLLM reports the model's raw log-probs (`scripted_logits.py`).
 """
 
 from __future__ import annotations
@@ -58,11 +52,8 @@ from recipe.nemo_gym.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
-from tests.support.catalogue_stack import kind_answers
-from tests.support.cpu_policy.answers import judge_policy
 from tests.support.cpu_policy.episodes import example_episodes_policy
 from tests.support.engine import TEST_KV_CACHE, scripted_overrides
-from tests.support.engine.script_choice import script_body, scripted_row
 from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
@@ -72,17 +63,10 @@ MATH = "math_with_judge_simple_agent"
 UPPERCASE = "uppercase_share_simple_agent"
 FLAKY = "fail_on_request_simple_agent"
 FLAKY_CONFIG = GYM_ENVS / "resources_servers" / "fail_on_request" / "configs" / "fail_on_request.yaml"
-CONFIGS = Path(__file__).resolve().parents[3] / "recipe" / "nemo_gym" / "configs"
 SCRIPTED_TOOLS = ("company_directory_find_email_address", "email_reply_email")
 UPPERCASE_ANSWER_TOKENS = 32  # sampled answers; every token of them is trained, so they set the step's cost
 RUN_MARKER = "NG_TEST_MAIN_PPO_RUN"  # in the environment of both runs, so of every process they start
 POLICY_SERVER = "vLLMHttpServer"  # verl's vLLM server actor: Ray names its process after the class
-# Three servers of Gym's catalogue and the answer each plays (kind, agent, verdict): one judge-scored.
-CATALOGUE = (
-    ("knowledge", "gpqa_diamond_simple_agent", "right"),
-    ("long_context", "ruler_simple_agent", "wrong"),
-    ("judged_qa", "equivalence_llm_judge_simple_agent", "right"),
-)
 
 
 def ci_script():
@@ -95,19 +79,10 @@ def ci_script():
     return policy
 
 
-def catalogue_answers():
-    """The `Answer`s of `CATALOGUE` (`tests/support/cpu_policy/catalogue/`)."""
-    answers = {(a.agent, a.verdict): a for kind, _, _ in CATALOGUE for a in kind_answers([kind])}
-    return [answers[(agent, verdict)] for _, agent, verdict in CATALOGUE]
-
-
-def ordered_rows(out: Path) -> tuple[list[dict], list[dict]]:
-    """The two runs' 15 rows, in order (data.shuffle=false): batches of 5. The first run's steps 1 and 2 hold one
-    workplace row, one uppercase row and the three catalogue rows each (each naming its answer's script, written under
-    `out`); the resumed run's step 3 a workplace row, an uppercase row, a math row and `fail_on_request`'s FAIL_ONCE
-    and FAIL_FIRST_OF_2 rows. Each run's file holds only rows of its own blend's agents (the plugin checks every row
-    before step 1), and the checkpoint resumes the second at its third batch: the batches a run never trains are rows
-    of its agents too."""
+def ordered_rows() -> list[dict]:
+    """12 rows, in order (data.shuffle=false): the batches of 4 of steps 1 and 2 hold one workplace, one math, two
+    uppercase rows each; step 3's (the resumed run's) a workplace row, an uppercase row and `fail_on_request`'s
+    FAIL_ONCE and FAIL_FIRST_OF_2 rows."""
     examples = example_rows()
     workplace = [r for r in examples if r["agent_ref"]["name"] == WORKPLACE]
     math_rows = [r for r in examples if r["agent_ref"]["name"] == MATH]
@@ -128,47 +103,19 @@ def ordered_rows(out: Path) -> tuple[list[dict], list[dict]]:
         }
         for marker in ("FAIL_ONCE", "FAIL_FIRST_OF_2")
     ]
-    catalogue = [
-        scripted_row(answer.row, answer.policy.to_file(out / f"catalogue-{i}.json"))
-        for i, answer in enumerate(catalogue_answers())
+    return [
+        *(carlos, uppercase[0], uppercase[1], math_rows[0]),
+        *(other, uppercase[2], uppercase[3], math_rows[1]),
+        *(carlos, flaky[0], uppercase[4], flaky[1]),
     ]
-    first = [
-        *(carlos, uppercase[0], *catalogue),
-        *(other, uppercase[1], *catalogue),
-        *(carlos, uppercase[2], *catalogue),  # a third batch, which the first run does not train
-    ]
-    resumed = [
-        *(carlos, *uppercase[0:4]),
-        *(other, *uppercase[0:4]),
-        *(carlos, flaky[0], uppercase[4], flaky[1], math_rows[0]),
-    ]
-    return first, resumed
-
-
-def catalogue_blend(path: Path, judge_script: Path) -> Path:
-    """The first run's blend: the shipped blend's workplace and uppercase_share (its agent run as two copies,
-    `nemo_gym.replicas`) and the catalogue's three servers (their shipped configs' Gym configs), judged by the plugin's
-    judge on the trainer's own vLLM server playing `judge_script`."""
-    config = yaml.safe_load(BLEND.read_text())
-    paths = config["nemo_gym"]["config_paths"]
-    config["nemo_gym"]["config_paths"] = [p for p in paths if "/math_with_judge/" not in p]
-    config["nemo_gym"].pop("config_overrides")  # the math server's own
-    for kind, agent, _ in CATALOGUE:
-        server = agent.removesuffix("_simple_agent")
-        shipped = yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text())["nemo_gym"]["config_paths"]
-        config["nemo_gym"]["config_paths"] += [p for p in shipped if f"/{server}/" in p]
-    config["nemo_gym"]["judge"] = {"base_url": "policy", "extra_body": script_body(judge_script)}
-    config["nemo_gym"]["replicas"] = {UPPERCASE: 2}
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def blend_with_flaky_server(path: Path) -> Path:
-    """The resumed run's blend: the shipped blend plus `fail_on_request`, uppercase_share's agent run as two copies
-    (`nemo_gym.replicas`); failures retried once, 0.5 s apart. A group that keeps one valid episode still trains
-    (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it alone. The shipped failure
-    budget (`max_fraction`) admits step 3's one failed episode of 10. The servers are checked every 2 s while a batch
-    waits, so the policy server killed after step 3 is named within seconds."""
+    """The shipped blend plus `fail_on_request`, uppercase_share's agent run as two copies (`nemo_gym.replicas`);
+    failures retried once, 0.5 s apart. A group that keeps one valid
+    episode still trains (`min_valid_per_group: 1`), so the failed episode's sibling shows verl's GRPO over it
+    alone. The shipped failure budget (`max_fraction`) admits step 3's one failed episode of 8. The servers are
+    checked every 2 s while a batch waits, so the policy server killed after step 3 is named within seconds."""
     config = yaml.safe_load(BLEND.read_text())
     config["nemo_gym"]["config_paths"].append(str(FLAKY_CONFIG))
     config["failures"].update(retries=1, retry_delay_s=0.5, min_valid_per_group=1)
@@ -209,20 +156,18 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("main_ppo")
-    rows, resumed_rows = ordered_rows(out)
+    rows = ordered_rows()
     train = write_jsonl(rows, out / "train.jsonl")
-    resumed_train = write_jsonl(resumed_rows, out / "resumed_train.jsonl")
     val = write_jsonl([rows[0], rows[1]], out / "val.jsonl")
     script = ci_script().to_file(out / "script.json")
-    judge_script = judge_policy(catalogue_answers()).to_file(out / "judge.json")
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=catalogue_blend(out / "blend.yaml", judge_script),
+        agent_loop_config=blend_with_flaky_server(out / "blend.yaml"),
         train_files=[train],
         val_files=[val],
         steps=2,
-        batch_size=5,
+        batch_size=4,
         n=2,
         prompt_length=1024,
         response_length=256,
@@ -240,14 +185,9 @@ def runs(tmp_path_factory):
         # Step 4 (the next epoch's first batch) never comes: its policy server is killed once step 3 is shown, which the
         # console does within a second of verl logging it, while step 4's rollout (about 5 s) still waits on the server.
         console = KillPolicyAfterStep(str(out), step=3)
-        resumed = {
-            "steps": 4,
-            "resume": True,
-            "val_before_train": False,
-            "agent_loop_config": blend_with_flaky_server(out / "resumed_blend.yaml"),
-            "train_files": [resumed_train],
-        }
-        second = run_job(JobSpec(**{**spec.__dict__, **resumed}), console=console)
+        second = run_job(
+            JobSpec(**{**spec.__dict__, "steps": 4, "resume": True, "val_before_train": False}), console=console
+        )
     return Runs(spec, first, second, console, str(out), (started, time.time()))
 
 
@@ -293,27 +233,13 @@ def test_blend_runs_multi_turn_tool_calls_with_environment_tokens_masked_and_no_
         assert data[f"timing_s/nemo_gym/{WORKPLACE}/env_tokens/max"] > 0
         # A row's own generation limit (max_output_tokens) reaches the engine.
         assert data[f"timing_s/nemo_gym/{UPPERCASE}/generated_tokens/max"] <= UPPERCASE_ANSWER_TOKENS
-    catalogue = {agent for _, agent, _ in CATALOGUE}
     for data in _training_steps(first):
-        assert set(environments(data)) == {WORKPLACE, UPPERCASE, *catalogue}
+        assert set(environments(data)) == {WORKPLACE, MATH, UPPERCASE}
         assert data["timing_s/nemo_gym/all/failed"] == 0
     (step_3,) = _training_steps(second)
-    assert set(environments(step_3)) == {WORKPLACE, UPPERCASE, MATH, FLAKY}
+    assert set(environments(step_3)) == {WORKPLACE, UPPERCASE, FLAKY}
     rewards = [d[f"timing_s/nemo_gym/{WORKPLACE}/reward/max"] for d in _training_steps(first)]
     assert rewards[0] == 1.0  # the scripted reply to Carlos is what the environment's ground truth expects
-
-
-def test_each_catalogue_server_and_the_judge_score_the_scripted_answer_in_both_steps_metrics(runs):
-    """gpqa_diamond's right answer, ruler's wrong one and equivalence_llm_judge's right one, judged by the plugin's
-    judge (the trainer's own vLLM server), at steps 1 and 2: each environment's reward is its server's own score."""
-    steps = _training_steps(runs.first)
-    assert len(steps) == 2
-    for answer in catalogue_answers():
-        gym = f"timing_s/nemo_gym/{answer.agent}/"
-        for data in steps:
-            assert (data[f"{gym}episodes"], data[f"{gym}failed"]) == (2, 0), answer.agent
-            assert data[f"{gym}reward/mean"] == pytest.approx(answer.reward), answer.agent
-    assert {a.reward for a in catalogue_answers()} == {0.0, 1.0}
 
 
 def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
@@ -323,7 +249,7 @@ def test_an_agent_run_as_two_copies_trains_on_both_under_its_one_name(runs):
     spec, first, second = runs.spec, runs.first, runs.second
     spread = re.findall(rf"{UPPERCASE} on 2 copies: (\d+), (\d+) runs", spec.log_file.read_text(errors="replace"))
     runs_per_copy = [(int(a), int(b)) for a, b in spread]
-    assert runs_per_copy.count((1, 1)) >= 3, runs_per_copy  # steps 1 to 3: a row's 2 samples, one on each copy
+    assert runs_per_copy.count((2, 2)) >= 2, runs_per_copy  # steps 1 and 2: 2 rows x 2 samples each
     assert all(abs(a - b) <= 1 for a, b in runs_per_copy), runs_per_copy
     for data in _training_steps(first) + _training_steps(second):
         assert data[f"timing_s/nemo_gym/{UPPERCASE}/episodes"] > 0
@@ -356,16 +282,13 @@ def test_a_failed_episode_changes_no_statistic_of_its_step(runs):
         scores[keep].unsqueeze(-1), torch.ones(int(keep.sum()), 1), uids[keep], norm_adv_by_std_in_grpo=True
     )
     assert torch.allclose(advantages[keep], expected.squeeze(-1), atol=1e-6), (advantages, expected)
-    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [1, 2, 2, 2, 2]  # every group trains
-    # verl's reward curve averages the nine valid episodes only; the failed one is among its aborted samples.
+    assert sorted(np.unique(uids[keep], return_counts=True)[1].tolist()) == [1, 2, 2, 2]  # every group trains
+    # verl's reward curve averages the seven valid episodes only; the failed one is among its aborted samples.
     assert step["critic/score/mean"] == pytest.approx(scores[keep].mean().item(), abs=1e-6)
-    assert step["response/aborted_ratio"] == pytest.approx(1 / 10)
+    assert step["response/aborted_ratio"] == pytest.approx(1 / 8)
     # The reward the user reads per environment leaves it out too: fail_on_request's mean is over its 3 valid
-    # episodes (the valid scores' sum, less the other environments' episodes at their means).
-    others = sum(
-        step[f"timing_s/nemo_gym/{env}/episodes"] * step[f"timing_s/nemo_gym/{env}/reward/mean"]
-        for env in (WORKPLACE, UPPERCASE, MATH)
-    )
+    # episodes (the valid scores' sum, less the two other environments' 2 episodes each).
+    others = sum(2 * step[f"timing_s/nemo_gym/{env}/reward/mean"] for env in (WORKPLACE, UPPERCASE))
     assert step[f"{gym}reward/mean"] == pytest.approx((scores[keep].sum().item() - others) / 3, abs=1e-5)
 
 
