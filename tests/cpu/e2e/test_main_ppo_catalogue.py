@@ -23,11 +23,8 @@ and their judge made that module longer and heavier while the other worker's mod
 
 from __future__ import annotations
 
-import contextlib
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -39,7 +36,7 @@ from tests.support.cpu_policy.answers import judge_policy
 from tests.support.cpu_policy.script import ScriptedPolicy
 from tests.support.engine import TEST_KV_CACHE, scripted_overrides
 from tests.support.engine.script_choice import script_body, scripted_row
-from tests.support.helpers import processes_with_env
+from tests.support.helpers import processes_left_with_env
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.integration]
 
@@ -138,11 +135,4 @@ def test_each_server_and_the_judge_score_the_scripted_answer_in_both_steps_metri
 
 def test_no_process_of_the_run_is_left(run):
     _, _, marker = run
-    deadline = time.monotonic() + 30.0  # Ray's and NeMo Gym's processes take a moment to be reaped
-    while (left := processes_with_env(RUN_MARKER, marker)) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    described = []
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
-    assert not left, described
+    assert processes_left_with_env(RUN_MARKER, marker) == []
