@@ -101,8 +101,14 @@ if ! gym_ready; then
             "packages resolved for $GYM_PYTHON_FLOOR onto it (uv --python-version; see docs/nemo-gym.md)" >&2
         target=(--python-version "$GYM_PYTHON_FLOOR")
     fi
-    if ! command -v cc >/dev/null; then  # pycosat (reasoning_gym's) ships no wheel: uv builds it from source
+    # Two packages of the shipped configs' servers ship no wheel for Python 3.13, so uv builds them from source:
+    # pycosat (reasoning_gym's) with a C compiler, editdistance (ruler2's) with a C++ one.
+    if ! command -v cc >/dev/null; then
         echo "setup.sh: a C compiler is needed to build pycosat for .venv-gym (apt-get install gcc)" >&2
+        exit 1
+    fi
+    if ! command -v c++ >/dev/null; then
+        echo "setup.sh: a C++ compiler is needed to build editdistance for .venv-gym (apt-get install g++)" >&2
         exit 1
     fi
     echo "setup.sh: syncing .venv-gym with packaging/gym-requirements.txt (Python: $PY313 $PY313_VERSION)" >&2

@@ -92,6 +92,7 @@ from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import Episode, read_episode
 from recipe.nemo_gym.packing.stats import PackStats
 from recipe.nemo_gym.rollout_requests import DO_SAMPLE_KEY, build_example, real_rows, row_samplings
+from recipe.nemo_gym.row_agents import row_agents
 from recipe.nemo_gym.verl_servers import discover_policy_servers
 
 logger = logging.getLogger(__name__)
@@ -220,7 +221,8 @@ class NeMoGymAgentLoopManager:
         if not paths:
             return
         started = time.perf_counter()
-        check = check_data_files(paths, self.agent_names, data.get("default_agent_name"))
+        agents = row_agents(data.get("default_agent_name"), self.plugin_config.nemo_gym)
+        check = check_data_files(paths, self.agent_names, agents)
         if check.bad:
             raise DataFilesError(check, paths)
         logger.warning(

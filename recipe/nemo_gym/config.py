@@ -71,6 +71,62 @@ class Attach(_Strict):
     """The relay's port; 0 picks a free one."""
 
 
+POLICY_JUDGE = "policy"
+
+
+class Judge(_Strict):
+    """The LLM judge of every resources server the plugin starts that names one (`judge_model_server`): one model
+    server for the whole Gym (`gym/owned/judge.py`). `judge: policy` is short for `judge: {base_url: policy}`."""
+
+    base_url: str | list[str] = Field(min_length=1)
+    """`policy`: verl's own vLLM servers, found as the policy's are. Otherwise the OpenAI-compatible base URL (or
+    URLs) of the judge's server, e.g. `http://judge-node:8000/v1`, which must serve `/v1/chat/completions`."""
+    model: str | None = None
+    """The judge's model name as its server serves it. Required with a URL; with `policy`, the policy's."""
+    api_key: str | None = None
+    """The key the judge's server takes. Unset: `EMPTY` for a URL, `nemo_gym.policy_api_key` for `policy`."""
+    uses_reasoning_parser: bool | None = None
+    """Whether the judge's server runs a reasoning parser. Unset: `nemo_gym.uses_reasoning_parser` for `policy`,
+    false for a URL."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Merged into every request the judge's server is sent (e.g. `chat_template_kwargs`)."""
+    exclude_servers: list[str] = Field(default_factory=list)
+    """Resources servers that keep the judge their own config names (e.g. a safety classifier's own model)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"base_url": value} if isinstance(value, str) else value
+
+    @field_validator("base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str]) -> str | list[str]:
+        urls = [value] if isinstance(value, str) else value
+        if urls == [POLICY_JUDGE]:
+            return value
+        bad = [url for url in urls if not re.match(r"^https?://[^/\s]+", url)]
+        if bad:
+            raise ValueError(f"expected {POLICY_JUDGE!r} or http(s) base URLs of the judge's server, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _model_for_url(self) -> Judge:
+        if not self.is_policy and not self.model:
+            raise ValueError("judge.model is required with a judge URL (the model name the judge's server serves)")
+        return self
+
+    @property
+    def is_policy(self) -> bool:
+        return self.base_url in (POLICY_JUDGE, [POLICY_JUDGE])
+
+    @property
+    def base_urls(self) -> list[str]:
+        """The judge's own URLs (empty for `policy`: verl's servers, known only at start-up)."""
+        if self.is_policy:
+            return []
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+
 MAX_REPLICAS = 64
 MAX_COLLECT_PROCESSES = 64
 
@@ -86,6 +142,7 @@ START_ONLY_KEYS = (
     "venv_dir",
     "log_dir",
     "replicas",
+    "judge",
 )
 
 
@@ -133,6 +190,10 @@ class NeMoGymSection(_Strict):
     """Agents to run as several copies, `{<agent>: K}`: K copies of the agent, each with its own copy of its
     resources server (and of an environment server in front of it), and rows naming the agent spread over them,
     fewest episodes in flight first (`gym/replicas.py`). Rows, data files and metrics still name the agent."""
+
+    judge: Judge | None = None
+    """The LLM judge of the resources servers that name one (`judge_model_server`). Unset: each keeps the judge its
+    config names, and one that names a model server no config defines is an error at start, naming it."""
 
     collect_processes: int = Field(default=0, ge=0, le=MAX_COLLECT_PROCESSES)
     """Child processes of the manager that post rows to Gym and read results into episodes

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipe.nemo_gym.errors import ConfigError
+from recipe.nemo_gym.row_agents import RowAgents, row_agents
 
 __all__ = [
     "PLUGIN_CONFIG_KEY",
@@ -72,7 +73,11 @@ def validate_row(row: Any) -> str:
     agent_ref = row.get("agent_ref")
     name = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
     if not isinstance(name, str) or not name:
-        raise ValueError("row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)")
+        raise ValueError(
+            "row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names; a file without them takes "
+            "the agent whose Gym config declares it as a dataset, the configuration's only agent, or "
+            "+data.default_agent_name=<agent>)"
+        )
     return name
 
 
@@ -112,10 +117,10 @@ class DataFilesError(ConfigError):
 def check_data_files(
     paths: Sequence[str | os.PathLike],
     agent_names: Collection[str] | None,
-    default_agent_name: str | None = None,
+    agents: RowAgents | None = None,
 ) -> DataCheck:
-    """Check every row of `paths` (see the module docstring). `agent_names=None` skips the agent check;
-    `default_agent_name` fills in rows without `agent_ref`, as `data.default_agent_name` does in the dataset."""
+    """Check every row of `paths` (see the module docstring). `agent_names=None` skips the agent check; `agents`
+    gives rows without `agent_ref` theirs, as the dataset does (`row_agents.py`)."""
     bad: list[BadRow] = []
     rows = 0
     for path in map(os.fspath, paths):
@@ -126,21 +131,23 @@ def check_data_files(
                 if not raw.strip():
                     continue
                 rows += 1
-                problem = _row_problem(raw, agent_names, default_agent_name)
+                problem = _row_problem(raw, agent_names, agents, path)
                 if problem is not None:
                     bad.append(BadRow(path, number, problem))
     return DataCheck(rows=rows, bad=tuple(bad))
 
 
-def _row_problem(raw: bytes, agent_names: Collection[str] | None, default_agent_name: str | None) -> str | None:
+def _row_problem(raw: bytes, agent_names: Collection[str] | None, agents: RowAgents | None, path: str) -> str | None:
     try:
         row = json.loads(raw)
     except json.JSONDecodeError as exc:
         return f"invalid JSON: {exc}"
     except UnicodeDecodeError as exc:
         return f"not UTF-8: {exc}"
-    if default_agent_name and isinstance(row, dict) and row.get("agent_ref") is None:
-        row["agent_ref"] = {"name": default_agent_name}
+    if agents is not None and isinstance(row, dict) and row.get("agent_ref") is None:
+        agent = agents.for_file(path)
+        if agent:
+            row["agent_ref"] = {"name": agent}
     try:
         name = validate_row(row)
     except ValueError as exc:
@@ -173,14 +180,15 @@ def check_before_workers(data_config: Mapping[str, Any] | None) -> DataCheck | N
         return None
     from recipe.nemo_gym.config import load_config  # pydantic models: only when a job names its plugin YAML
 
-    if not load_config(plugin_yaml).data.check_rows:
+    config = load_config(plugin_yaml)
+    if not config.data.check_rows:
         return None
     paths, _ = configured_files(data_config)  # a missing file is the dataset's own error, naming it
     identities = {_identity(p) for p in paths}
     if not paths or identities <= _PASSED:
         return None
     started = time.perf_counter()
-    check = check_data_files(paths, None, data_config.get("default_agent_name"))
+    check = check_data_files(paths, None, row_agents(data_config.get("default_agent_name"), config.nemo_gym))
     if check.bad:
         raise DataFilesError(check, paths)
     _PASSED.update(identities)

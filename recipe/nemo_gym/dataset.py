@@ -23,9 +23,10 @@ Rows are validated on access: the line must be a JSON object with a non-empty `r
 read so far in this process. In a job (`data.nemo_gym_config` names the plugin YAML, as the recipe's overrides
 do), construction also checks every row of verl's `data.train_files` and `data.val_files` before verl starts its
 workers, and raises `DataFilesError` listing every bad one (`data_check.check_before_workers`).
-Rows without `agent_ref` (such as the example data NeMo Gym ships, which get theirs at data preparation) can be
-given one with `+data.default_agent_name=<agent>`: like NeMo Gym's own `+agent_name`, it fills in only rows that
-name none. Only local files are read (verl's hdfs copy is not supported).
+Rows without `agent_ref` (such as the example data NeMo Gym ships, which get theirs at data preparation) get one
+by `row_agents.py`'s rules: `+data.default_agent_name=<agent>` (like NeMo Gym's own `+agent_name`), else the agent
+whose Gym config declares the file as a dataset, else the configuration's only agent. Only local files are read
+(verl's hdfs copy is not supported).
 
 `max_samples` follows verl's `RLHFDataset`: a positive value below the row count keeps the first rows, or a
 random subset when `config.shuffle` is set, drawn with `config.seed` (0 when unset, so the subset is always
@@ -46,9 +47,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from recipe.nemo_gym.data_check import check_before_workers, validate_row
+from recipe.nemo_gym.data_check import PLUGIN_CONFIG_KEY, check_before_workers, validate_row
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.jsonl_index import index_jsonl, line_number, read_line
+from recipe.nemo_gym.row_agents import RowAgents, row_agents
 
 __all__ = ["ROW_KEY", "NeMoGymJSONLDataset", "NeMoGymRowError"]
 
@@ -69,6 +71,18 @@ def prompt_messages(row: Mapping[str, Any]) -> list[Any]:
     """The row's prompt as chat messages: `responses_create_params.input`, a bare string being one user message."""
     prompt = row["responses_create_params"]["input"]
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def _row_agents(config: Any) -> RowAgents:
+    """Who runs a row without `agent_ref` (`row_agents.py`): `data.default_agent_name`, and in a job (the plugin YAML in
+    `data.nemo_gym_config`) the agents of the Gym configs it names."""
+    default = config.get("default_agent_name") if config is not None else None
+    plugin_yaml = config.get(PLUGIN_CONFIG_KEY) if config is not None else None
+    if not plugin_yaml:
+        return RowAgents(default=default)
+    from recipe.nemo_gym.config import load_config
+
+    return row_agents(default, load_config(plugin_yaml).nemo_gym)
 
 
 def _as_paths(data_files: Any) -> list[str]:
@@ -116,7 +130,7 @@ class NeMoGymJSONLDataset(Dataset):
             else:
                 self._selection = np.arange(max_samples, dtype=np.int64)
         self._total = total
-        self.default_agent_name: str | None = config.get("default_agent_name") if config is not None else None
+        self.row_agents = _row_agents(config)
         self.agent_names_seen: set[str] = set()
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
@@ -173,8 +187,10 @@ class NeMoGymJSONLDataset(Dataset):
         raw = read_line(self._fd(file), self._offsets[file], local, self._sizes[file])
         try:
             row = json.loads(raw)
-            if self.default_agent_name and isinstance(row, dict) and row.get("agent_ref") is None:
-                row["agent_ref"] = {"name": self.default_agent_name}
+            if isinstance(row, dict) and row.get("agent_ref") is None:
+                agent = self.row_agents.for_file(self.paths[file])
+                if agent:
+                    row["agent_ref"] = {"name": agent}
             self.agent_names_seen.add(validate_row(row))
         except (ValueError, UnicodeDecodeError) as exc:
             path = self.paths[file]

@@ -15,8 +15,10 @@ Two kinds of cause:
   does not fit the context).
 
 NeMo Gym 0.6+ also reports failures itself, on rows that come back with HTTP 200: `_ng_failure_class` (with
-`_ng_failure_type`, `_ng_failure_message`, ...) is ENVIRONMENT_FAILED (infrastructure) or, for a row its
-dispatch budget drained, CANCELLED (infrastructure); a row marked `mask_sample` is MASKED_BY_ENVIRONMENT (data).
+`_ng_failure_type`, `_ng_failure_message`, ...) is ENVIRONMENT_FAILED (infrastructure), JUDGE_FAILED (infrastructure)
+for `judge_failed` (the resources server's LLM judge call failed: HTTP error, timeout, refused request) or, for a
+row its dispatch budget drained, CANCELLED (infrastructure); a row marked `mask_sample` is MASKED_BY_ENVIRONMENT
+(data).
 Such rows carry no reward to train on, so they are masked like every other failure, never scored 0 and trained.
 
 A dead server or a batch that outlives its deadline is not an episode failure: it fails the whole step
@@ -47,12 +49,18 @@ class FailureCause(enum.StrEnum):
     BAD_REWARD = "bad_reward"
     PROMPT_TOO_LONG = "prompt_too_long"
     ENVIRONMENT_FAILED = "environment_failed"
+    JUDGE_FAILED = "judge_failed"
     CANCELLED = "cancelled"
     MASKED_BY_ENVIRONMENT = "masked_by_environment"
 
     @property
     def kind(self) -> FailureKind:
-        infrastructure = (FailureCause.SERVER_ERROR, FailureCause.ENVIRONMENT_FAILED, FailureCause.CANCELLED)
+        infrastructure = (
+            FailureCause.SERVER_ERROR,
+            FailureCause.ENVIRONMENT_FAILED,
+            FailureCause.JUDGE_FAILED,
+            FailureCause.CANCELLED,
+        )
         return FailureKind.INFRASTRUCTURE if self in infrastructure else FailureKind.DATA
 
     @property

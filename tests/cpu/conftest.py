@@ -50,8 +50,8 @@ import pytest
 # seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s). test_attach_training's run
 # (179 s, 2026-11-28) is gone: its killed policy server is test_main_ppo's resumed run's end, its collect processes
 # run in test_two_nodes' attached job.
-# end_to_end, end_to_end_gym_0_4, more_environments, load and attach share one verl vLLM server (the
-# `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
+# end_to_end, end_to_end_gym_0_4, more_environments, catalogue, judges, load and attach share one verl vLLM server
+# (the `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
 # test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
 # Stop 57 (2026-11-29: 28.9 min, the heavy worker to minute 28.8, the other idle from 23.1): test_load's two loads
 # became one, and the manager's lifetime tests (test_manager_exit, test_manager_lifetime), whose policy server only
@@ -68,6 +68,14 @@ HEAVY_MODULES = (
     "test_more_environments.py",
     "test_load.py",
     "test_attach.py",
+    # NeMo Gym's catalogue: six stacks of about ten environments (test_catalogue), and one judged through a judge URL
+    # (test_judges).
+    # Last, so that their stacks, the suite's biggest, run once the other worker has ended or nearly.
+    "test_catalogue.py",
+    "test_judges.py",
+    # A trainer on three of the catalogue's servers and a judge: last, with the engine stopped and the other worker
+    # ended, where it runs beside nothing.
+    "test_main_ppo_catalogue.py",
 )
 # Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
 # order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines

@@ -142,6 +142,19 @@ def processes_with_env(key: str, value: str, exclude: Iterable[int] = ()) -> lis
     return _live_processes_whose_env(lambda env: env.get(key) == value, exclude)
 
 
+def processes_left_with_env(key: str, value: str, *, grace_s: float = 30.0) -> list[str]:
+    """The processes with `key=value` in their environment still alive after up to `grace_s` (Ray's and NeMo Gym's
+    take a moment to be reaped once their job ends), each as "pid command line"; [] when none is."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_with_env(key, value)) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    described = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+    return described
+
+
 def kill_processes_with_env(key: str, value: str, cmdline_contains: str) -> list[int]:
     """SIGKILL every live process with `key=value` in its environment whose command line contains
     `cmdline_contains` (a test's fault: one server of the job it started); the pids signalled."""

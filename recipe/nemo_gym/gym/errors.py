@@ -9,6 +9,8 @@ vLLM servers, which are not NeMo Gym's). Episode failures and aborted batches ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from recipe.nemo_gym.errors import ConfigError, ServerError
 
 
@@ -25,7 +27,12 @@ class GymServerDied(ServerError):
 
 
 class PolicyServerUnreachable(ServerError):
-    """Policy (vLLM) servers that stopped answering HTTP. `servers` holds their base URLs."""
+    """Model servers outside Gym that stopped answering HTTP: verl's policy (vLLM) servers, or the judge's servers
+    (`role`). `servers` holds their base URLs."""
+
+    def __init__(self, message: str, servers: Sequence[str] = (), role: str = "policy server"):
+        super().__init__(message, servers)
+        self.role = role
 
 
 class GymStartTimeout(ServerError, TimeoutError):

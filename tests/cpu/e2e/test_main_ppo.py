@@ -32,7 +32,6 @@ inside that engine by a logits processor while vLLM reports the model's raw log-
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -41,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 import yaml
@@ -54,7 +52,7 @@ from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy.episodes import example_episodes_policy
 from tests.support.engine import TEST_KV_CACHE, scripted_overrides
-from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_with_env
+from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_left_with_env
 
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.integration]
 
@@ -325,14 +323,7 @@ def test_checkpoint_written_and_resume_loads_it(runs):
 
 def test_no_process_of_the_runs_is_left(runs):
     marker = runs.marker
-    deadline = time.monotonic() + 30.0  # Ray's and NeMo Gym's processes take a moment to be reaped
-    while (left := processes_with_env(RUN_MARKER, marker)) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    described = []
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
-    assert not left, described
+    assert processes_left_with_env(RUN_MARKER, marker) == []
 
 
 def test_no_shared_memory_segment_or_socket_of_the_runs_is_left(runs):

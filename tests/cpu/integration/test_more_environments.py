@@ -25,11 +25,11 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
-from recipe.nemo_gym.token_fields import TOKEN_FIELDS
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness, offline_blend
 from tests.support.cpu_policy.episodes import tools_and_games_policy
+from tests.support.episode_checks import assert_trained_on_policy_tokens, model_calls
 
 pytestmark = pytest.mark.integration
 
@@ -87,14 +87,6 @@ def episodes(tmp_path_factory, shared_engine):
         yield games, plays, output, results, stack["manager"]
 
 
-def _calls(result):
-    return [
-        tuple(item[f] for f in TOKEN_FIELDS)
-        for item in result["response"]["output"]
-        if all(item.get(f) is not None for f in TOKEN_FIELDS)
-    ]
-
-
 def _rows_of(agent, rows, results):
     """The results of `agent`'s rows (each row ran N times, one after another)."""
     return [r for r, row in zip(results, (row for row in rows for _ in range(N)), strict=True)
@@ -114,16 +106,7 @@ def test_every_episode_of_every_environment_trains_on_exactly_the_policys_tokens
     assert len(results) == len(output) == N * (len(games) + len(plays)) == 56
     failures = [r for r in results if isinstance(r, EpisodeFailure)]
     assert not failures and output.meta_info["timing"]["nemo_gym/all/failed"] == 0, failures
-    responses, mask = output.batch["responses"], output.batch["response_mask"]
-    for row, result in enumerate(results):
-        calls = _calls(result)
-        for (prev_prompt, prev_gen, _), (prompt, _, _) in zip(calls, calls[1:], strict=False):
-            assert prompt[: len(prev_prompt) + len(prev_gen)] == prev_prompt + prev_gen  # contiguous turns
-        trained = responses[row][mask[row].bool()].tolist()
-        assert trained == [token for _, generation, _ in calls for token in generation], f"row {row}"
-        log_probs = output.batch["rollout_log_probs"][row][mask[row].bool()].tolist()
-        assert log_probs == pytest.approx([lp for _, _, lps in calls for lp in lps], abs=1e-6)
-    assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx([float(r["reward"]) for r in results])
+    assert_trained_on_policy_tokens(output, results)
 
 
 def test_the_weather_tool_is_called_between_two_model_calls_and_verified(episodes):
@@ -131,7 +114,7 @@ def test_the_weather_tool_is_called_between_two_model_calls_and_verified(episode
     weather = _rows_of(WEATHER, games, results[: N * len(games)])
     assert len(weather) == 10
     for result in weather:
-        assert len(_calls(result)) == 2
+        assert len(model_calls(result)) == 2
         outputs = [item for item in result["response"]["output"] if item.get("type") == "function_call_output"]
         assert len(outputs) == 1  # the environment's own tool result, between the two calls
         assert result["reward"] == 1.0
@@ -143,7 +126,7 @@ def test_blackjack_plays_hit_then_stand_and_the_game_decides_the_reward(episodes
     games, _, output, results, _ = episodes
     hands = _rows_of(BLACKJACK, games, results[: N * len(games)])
     assert len(hands) == 10
-    turns = [len(_calls(hand)) for hand in hands]
+    turns = [len(model_calls(hand)) for hand in hands]
     print(f"\nblackjack: model calls per game {turns}, rewards {[h['reward'] for h in hands]}")
     for hand, calls in zip(hands, turns, strict=True):
         assert hand["reward"] in (-1.0, 0.0, 1.0)
@@ -157,7 +140,7 @@ def test_blackjack_plays_hit_then_stand_and_the_game_decides_the_reward(episodes
 
 
 def test_each_offline_environment_scores_the_right_answer_and_the_wrong_one_itself(episodes):
-    verdicts = [(p.agent, p.verdict, r["reward"], len(_calls(r))) for p, r, _ in _offline(episodes)]
+    verdicts = [(p.agent, p.verdict, r["reward"], len(model_calls(r))) for p, r, _ in _offline(episodes)]
     print("\n" + "\n".join(f"{a} {v}: reward {r}, model calls {c}" for a, v, r, c in verdicts))
     expected = [(p.agent, p.verdict, p.reward, p.model_calls) for p, _, _ in _offline(episodes)]
     assert [(a, v, pytest.approx(r), c) for a, v, r, c in verdicts] == expected
@@ -172,7 +155,7 @@ def test_calendars_pre_written_assistant_turns_are_prompt_and_never_trained(epis
     history = [m["content"] for m in calendar[0][0].row["responses_create_params"]["input"] if m["role"] == "assistant"]
     assert len(calendar) == 2 * N and len(history) == 4  # turns the policy never generated: they carry no token IDs
     for play, result, row in calendar:
-        ((prompt_ids, generation_ids, _),) = _calls(result)
+        ((prompt_ids, generation_ids, _),) = model_calls(result)
         assert all(turn in manager.tokenizer.decode(prompt_ids) for turn in history)  # the one call's prompt holds them
         # What is trained is the policy's own answer and nothing else (its end-of-turn token after it).
         trained = output.batch["responses"][row][output.batch["response_mask"][row].bool()].tolist()

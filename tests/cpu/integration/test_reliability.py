@@ -318,6 +318,7 @@ def test_failures_are_counted_by_cause_in_the_timing_metrics(below_budget):
         "bad_reward": 0,
         "prompt_too_long": 2,
         "environment_failed": 0,
+        "judge_failed": 0,
         "cancelled": 0,
         "masked_by_environment": 0,
     }

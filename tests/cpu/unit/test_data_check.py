@@ -21,6 +21,7 @@ from recipe.nemo_gym.data_check import (
     check_data_files,
     configured_files,
 )
+from recipe.nemo_gym.row_agents import RowAgents, declared
 
 AGENTS = {"math_with_judge_simple_agent", "uppercase_share_simple_agent"}
 
@@ -72,12 +73,47 @@ def test_every_bad_row_is_reported_once_with_its_file_and_editor_line(tmp_path):
 def test_a_default_agent_fills_rows_without_one_and_a_byte_order_mark_is_ignored(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + (_row(agent=None) + "\n" + _row(agent=None)).encode())
-    assert check_data_files([path], AGENTS, default_agent_name="uppercase_share_simple_agent") == DataCheck(2, ())
+    assert check_data_files([path], AGENTS, RowAgents(default="uppercase_share_simple_agent")) == DataCheck(2, ())
     missing = check_data_files([path], AGENTS).bad
-    assert [(row.line, row.problem) for row in missing] == [
-        (1, "row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)"),
-        (2, "row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names)"),
-    ]
+    assert [row.line for row in missing] == [1, 2]
+    assert missing[0].problem.startswith("row has no 'agent_ref.name' (NeMo Gym routes each row to the agent it names;")
+    assert "+data.default_agent_name=<agent>" in missing[0].problem
+
+
+def test_a_row_without_agent_takes_the_agent_declaring_its_file_else_the_only_agent(tmp_path):
+    """Gym's rule for its example files (`row_agents.py`): the agent whose config declares the file as a dataset; in a
+    configuration of one agent, that one; an explicit default wins over both."""
+    gym_root = tmp_path / "gym"
+    declared_file = gym_root / "resources_servers" / "env" / "data" / "example.jsonl"
+    declared_file.parent.mkdir(parents=True)
+    declared_file.write_text(_row(agent=None) + "\n")
+    other = tmp_path / "mine.jsonl"
+    other.write_text(_row(agent=None) + "\n")
+
+    def agent(name, *paths):
+        datasets = [{"name": "example", "type": "example", "jsonl_fpath": p} for p in paths]
+        return {name: {"responses_api_agents": {"simple_agent": {"datasets": datasets}}}}
+
+    relative = "resources_servers/env/data/example.jsonl"
+    configs = {**agent("math_with_judge_simple_agent", relative), **agent("uppercase_share_simple_agent")}
+    two = RowAgents(declare=lambda: declared(configs, gym_root))
+    assert two.for_file(declared_file) == "math_with_judge_simple_agent" and two.for_file(other) is None
+    assert check_data_files([declared_file], AGENTS, two) == DataCheck(1, ())
+    assert [row.line for row in check_data_files([other], AGENTS, two).bad] == [1]
+    one = RowAgents(declare=lambda: declared(agent("uppercase_share_simple_agent"), gym_root))
+    assert one.for_file(other) == "uppercase_share_simple_agent"
+    # A file two agents declare belongs to neither; an environment server is not an agent; a default wins.
+    both = {**agent("a", relative), **agent("b", str(declared_file)), "env": {"environment_servers": {}}}
+    assert RowAgents(declare=lambda: declared(both, gym_root)).for_file(declared_file) is None
+    assert RowAgents("b", lambda: declared(agent("a", relative), gym_root)).for_file(declared_file) == "b"
+
+
+def test_gym_configs_are_read_only_for_a_row_that_names_no_agent(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(_row() + "\n")
+    reads = []
+    agents = RowAgents(declare=lambda: reads.append(1) or declared({}, tmp_path))
+    assert check_data_files([path], AGENTS, agents) == DataCheck(1, ()) and reads == []
 
 
 def test_without_agent_names_only_parsing_and_fields_are_checked(tmp_path):

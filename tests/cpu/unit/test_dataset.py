@@ -199,6 +199,30 @@ def test_row_without_agent_ref_is_an_error_unless_a_default_agent_is_configured(
     assert dataset[1]["data_source"] == "blackjack"  # a row's own agent wins
 
 
+def test_nemo_gyms_example_rows_without_agent_ref_take_the_agent_whose_config_declares_their_file(tmp_path):
+    """The shipped `configs/knowledge.yaml` and three of its servers' example files in `.venv-gym` as they ship: mcqa's,
+    string_match's and polymath's rows name no agent, and each takes the one whose Gym config declares the file (the
+    check before verl's workers agrees); a file no agent declares, in a blend of several, is refused by line."""
+    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+
+    servers = nemo_gym_install_root() / "resources_servers"
+    agents = {
+        "mcqa": "mcqa_simple_agent",
+        "string_match": "string_match_simple_agent",
+        "polymath": "polymath_simple_agent",
+    }
+    files = [str(servers / name / "data" / "example.jsonl") for name in agents]
+    assert all("agent_ref" not in json.loads(Path(f).read_text().splitlines()[0]) for f in files)
+    plugin = Path(__file__).resolve().parents[3] / "recipe" / "nemo_gym" / "configs" / "knowledge.yaml"
+    config = OmegaConf.create({"train_files": files, "val_files": files[:1], "nemo_gym_config": str(plugin)})
+    dataset = NeMoGymJSONLDataset(data_files=files, tokenizer=None, processor=None, config=config)
+    assert [dataset[i]["data_source"] for i in range(0, 15, 5)] == list(agents.values())
+    copied = write(tmp_path / "copy.jsonl", [json.loads(Path(files[0]).read_text().splitlines()[0])])
+    config = OmegaConf.create({"train_files": [str(copied)], "nemo_gym_config": str(plugin)})
+    with pytest.raises(DataFilesError, match=r"copy\.jsonl:1: row has no 'agent_ref\.name'"):
+        NeMoGymJSONLDataset(data_files=[str(copied)], tokenizer=None, processor=None, config=config)
+
+
 def test_validate_row_returns_the_agent_name():
     assert validate_row(row(0, "calendar")) == "calendar"
 

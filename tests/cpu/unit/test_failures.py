@@ -92,11 +92,17 @@ def test_gym_failure_rows_become_typed_failures_with_their_details():
         row=1,
     )
     assert reported_failure(2, "env", {"mask_sample": False, "_ng_failure_class": None, "reward": 1.0}) is None
+    # Gym 0.7's judge_failsafe row: mask_sample set too, the failure class decides.
+    judge_failed = {"_ng_failure_class": "judge_failed", "mask_sample": True, "reward": 0.0}
+    assert reported_failure(4, "simpleqa", judge_failed) == EpisodeFailure(
+        FailureCause.JUDGE_FAILED, "'simpleqa' /run reported failure class 'judge_failed'", row=4
+    )
 
 
 def test_gym_reported_failures_are_infrastructure_except_an_environments_own_mask():
     assert FailureCause.ENVIRONMENT_FAILED.kind.value == "infrastructure"
     assert FailureCause.CANCELLED.kind.value == "infrastructure"
+    assert FailureCause.JUDGE_FAILED.kind.value == "infrastructure"
     assert FailureCause.MASKED_BY_ENVIRONMENT.kind.value == "data"
 
 

@@ -7,7 +7,8 @@ Everything around the engine stays vLLM's: the caller builds vLLM's FastAPI app 
 `max_tokens` and vLLM's validation (an over-long prompt is rejected with vLLM's message).
 
 Only token generation is ours, by one of two policies:
-- a `ScriptedPolicy` (see `script`): the first matching rule decides the completion;
+- a `ScriptedPolicy` (see `script`): the first matching rule decides the completion. A request whose `vllm_xargs`
+  name a script file (`engine.script_choice`, as on the shared engine) plays that one instead of the server's;
 - the model (see `model_policy`): the tiny model generates, greedy or sampled. Forward passes run in one
   worker thread, one request at a time, so the event loop keeps serving hundreds of concurrent requests.
   With a script whose `fallback` is "model", requests no rule matches go to the model.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from argparse import Namespace
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +58,7 @@ from tests.support.cpu_policy.script import (
     describe_no_match,
     scripted_output,
 )
+from tests.support.engine.script_choice import SCRIPT_XARG
 
 SUPPORTED_TASKS = ("generate",)
 
@@ -118,6 +121,7 @@ class CPUEngineClient(EngineClient):
         self.script = script
         self.sampler = sampler
         self.score_scripted = score_scripted
+        self._request_scripts: dict[str, tuple[tuple[int, int], ScriptedPolicy]] = {}
         self.tokenizer = renderer.get_tokenizer()
         self._added_vocab = dict(self.tokenizer.get_added_vocab())
         self._eos_token_id = renderer.get_eos_token_id()
@@ -198,11 +202,25 @@ class CPUEngineClient(EngineClient):
             num_cached_tokens=0,
         )
 
+    def _script_for(self, params: SamplingParams) -> ScriptedPolicy | None:
+        """The script a request plays: the file its `vllm_xargs` name (`script_choice.SCRIPT_XARG`, as on the shared
+        engine), else the server's own."""
+        path = (getattr(params, "extra_args", None) or {}).get(SCRIPT_XARG)
+        if path is None:
+            return self.script
+        stat = os.stat(path)
+        version = (stat.st_mtime_ns, stat.st_size)
+        cached = self._request_scripts.get(path)
+        if cached is None or cached[0] != version:
+            cached = self._request_scripts[path] = (version, ScriptedPolicy.from_file(path))
+        return cached[1]
+
     async def _complete(self, request_id: str, prompt_ids: list[int], params: SamplingParams, index: int):
         max_tokens = params.max_tokens if params.max_tokens is not None else 1
-        if self.script is not None:
+        script = self._script_for(params)
+        if script is not None:
             prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-            rule = choose_rule(self.script, prompt_text)
+            rule = choose_rule(script, prompt_text)
             if rule is not None:
                 out = scripted_output(
                     rule.completion,
@@ -220,8 +238,8 @@ class CPUEngineClient(EngineClient):
                         self._executor, self.sampler.score, prompt_ids, list(out.token_ids)
                     )
                 return _Completion(out.token_ids, logprobs, [None] * n, [()] * n, out.finish_reason, out.stop_reason)
-            if self.script.fallback == "error":
-                raise ValueError(describe_no_match(self.script, request_id, prompt_text))
+            if script.fallback == "error":
+                raise ValueError(describe_no_match(script, request_id, prompt_text))
 
         assert self.sampler is not None
         seed = params.seed + index if params.seed is not None else None

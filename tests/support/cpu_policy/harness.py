@@ -165,7 +165,7 @@ def manager_stack(
                         raise ValueError(f"{len(files)} scripts for the {len(rows)} rows of {data_file}")
                     scripted = [scripted_row(row, file) for row, file in zip(rows, files, strict=True)]
                     data_file = write_jsonl(scripted, folder / data_file.name)
-                rollout = SharedRollout(verl_llm_client(config, [engine.address]), [engine.address])
+                rollout = SharedRollout(verl_llm_client(config, [engine.address], until=stack), [engine.address])
             dataset = NeMoGymJSONLDataset(
                 data_files=[str(data_file)], tokenizer=None, processor=None, config=config.data
             )
@@ -196,7 +196,7 @@ def fault_injection_stack(model_dir: Path, overrides: Sequence[str], data_file: 
     try:
         with contextlib.ExitStack() as stack:
             server = stack.enter_context(CPUPolicyServer(model_dir, script=script, env=env))
-            client = verl_llm_client(config, [f"{server.host}:{server.port}"])
+            client = verl_llm_client(config, [f"{server.host}:{server.port}"], until=stack)
             manager = stack.enter_context(manager_over(config, client))
             yield {"config": config, "dataset": dataset, "manager": manager, "server": server}
     finally:
@@ -204,8 +204,11 @@ def fault_injection_stack(model_dir: Path, overrides: Sequence[str], data_file: 
             ray.shutdown()
 
 
-def verl_llm_client(config, addresses: Sequence[str]):
-    """verl's `LLMServerClient` whose load balancer lists `addresses` ("host:port"). Needs a running Ray."""
+def verl_llm_client(config, addresses: Sequence[str], *, until: contextlib.ExitStack | None = None):
+    """verl's `LLMServerClient` whose load balancer lists `addresses` ("host:port"). Needs a running Ray.
+
+    The balancer is a Ray actor (a process of about 1 GB) that lives as long as that Ray; `until`: kill it when that
+    stack closes (for a caller that keeps one Ray across several clients)."""
     import ray
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import GlobalRequestLoadBalancer
@@ -213,6 +216,8 @@ def verl_llm_client(config, addresses: Sequence[str]):
     # verl registers one Ray actor handle per server; the CPU server is not a Ray actor, and the manager only
     # reads the addresses (the balancer's keys), so the handle slot stays empty.
     balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={address: None for address in addresses})
+    if until is not None:
+        until.callback(ray.kill, balancer)
     return LLMServerClient(config, load_balancer_handle=balancer)
 
 

@@ -33,11 +33,9 @@ Pure: builds rows and `ScriptedPolicy`s; no vLLM, HTTP or Gym import.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.cpu_policy.episodes import _say, _tool_call
-from tests.support.cpu_policy.script import ScriptedPolicy, ScriptMatch, ScriptRule
+from tests.support.cpu_policy.answers import ANY, FIRST_TURN, TOOL_RESULT, Answer, example_row, policy, tool_call
 
 CALENDAR = "calendar_simple_agent"
 MULTIREWARD = "example_tool_call_multireward_simple_agent"
@@ -60,10 +58,6 @@ EXAMPLES = {  # agent -> (Gym's example file, the row used)
     REASONING_GYM: ("resources_servers/reasoning_gym/data/example.jsonl", 0),
     CODE_GEN: ("resources_servers/code_gen/data/example.jsonl", 3),
 }
-
-TOOL_RESULT = ScriptMatch(last_message_regex="<tool_response>")
-FIRST_TURN = ScriptMatch(assistant_turns=0)
-ANY = ScriptMatch()
 
 NOVEL = {
     "novel": {
@@ -99,25 +93,6 @@ print("\\n".join(out))
 """
 
 
-@dataclass(frozen=True)
-class Answer:
-    """One episode to run: `row` played by `policy`, which the environment must score `reward`."""
-
-    agent: str
-    verdict: str  # "right" or "wrong"
-    row: dict
-    policy: ScriptedPolicy
-    reward: float
-    model_calls: int
-    components: dict[str, float] = field(default_factory=dict)  # the environment's reward_components, if any
-
-
-def _policy(*rules: tuple[ScriptMatch, str]) -> ScriptedPolicy:
-    return ScriptedPolicy(
-        rules=[ScriptRule(name=f"rule {i}", when=when, completion=_say(text)) for i, (when, text) in enumerate(rules)]
-    )
-
-
 def _calendar(row: dict) -> tuple[str, str]:
     shown = [m["content"] for m in row["responses_create_params"]["input"] if m["role"] == "assistant"][-1]
     events = json.loads(shown)
@@ -128,49 +103,46 @@ def _calendar(row: dict) -> tuple[str, str]:
 def answers(gym_root: Path) -> list[Answer]:
     """A right and a wrong answer per environment, over the example rows under `gym_root` (Gym's installed files),
     each row naming its agent."""
-    rows = {}
-    for agent, (path, index) in EXAMPLES.items():
-        row = json.loads((gym_root / path).read_text().splitlines()[index])
-        rows[agent] = {**row, "agent_ref": {"type": "responses_api_agents", "name": agent}}
+    rows = {agent: example_row(gym_root, path, index, agent) for agent, (path, index) in EXAMPLES.items()}
     calendar_right, calendar_wrong = _calendar(rows[CALENDAR])
-    weather = _tool_call("get_weather", {"city": "San Francisco"})
-    beta, game = (_tool_call("live_giveaways_by_type", {"type": kind}) for kind in ("beta", "game"))
-    run_code = _tool_call("execute_python", {"code": "print(32)"})
+    weather = tool_call("get_weather", {"city": "San Francisco"})
+    beta, game = (tool_call("live_giveaways_by_type", {"type": kind}) for kind in ("beta", "game"))
+    run_code = tool_call("execute_python", {"code": "print(32)"})
     novel = "<|BEGIN_CODE|>\n" + json.dumps(NOVEL) + "\n<|END_CODE|>"
-    guess = {word: _tool_call("submit_guess", {"guess": word}) for word in ("crane", "chump")}
+    guess = {word: tool_call("submit_guess", {"guess": word}) for word in ("crane", "chump")}
     no_components = {"correctness": 0.0, "schema_valid": 0.0, "format": 0.0}
     knights = rows[REASONING_GYM]["answer"]  # "Zoey is a fool, and Riley is a sage."
     swapped = knights.replace("fool", "<f>").replace("sage", "fool").replace("<f>", "sage")
     program = {keep: f"```python\n{BARRELS.replace('FULLEST', keep)}```" for keep in ("k + 1", "k")}
     return [
-        Answer(CALENDAR, "right", rows[CALENDAR], _policy((ANY, calendar_right)), 1.0, 1),
-        Answer(CALENDAR, "wrong", rows[CALENDAR], _policy((ANY, calendar_wrong)), 0.0, 1),
+        Answer(CALENDAR, "right", rows[CALENDAR], policy((ANY, calendar_right)), 1.0, 1),
+        Answer(CALENDAR, "wrong", rows[CALENDAR], policy((ANY, calendar_wrong)), 0.0, 1),
         Answer(
             MULTIREWARD,
             "right",
             rows[MULTIREWARD],
-            _policy((TOOL_RESULT, "It is sunny in San Francisco."), (ANY, weather)),
+            policy((TOOL_RESULT, "It is sunny in San Francisco."), (ANY, weather)),
             2.0,
             2,
             {"correctness": 1.0, "schema_valid": 1.0, "format": 0.0},
         ),
-        Answer(MULTIREWARD, "wrong", rows[MULTIREWARD], _policy((ANY, "I cannot say.")), 0.0, 1, no_components),
-        Answer(FORMATTING, "right", rows[FORMATTING], _policy((ANY, "-- France\n\n-- Italy\n\n-- Spain")), 1.0, 1),
-        Answer(FORMATTING, "wrong", rows[FORMATTING], _policy((ANY, "- France\n\n- Italy\n\n- Spain")), 0.0, 1),
+        Answer(MULTIREWARD, "wrong", rows[MULTIREWARD], policy((ANY, "I cannot say.")), 0.0, 1, no_components),
+        Answer(FORMATTING, "right", rows[FORMATTING], policy((ANY, "-- France\n\n-- Italy\n\n-- Spain")), 1.0, 1),
+        Answer(FORMATTING, "wrong", rows[FORMATTING], policy((ANY, "- France\n\n- Italy\n\n- Spain")), 0.0, 1),
         Answer(
             XLAM,
             "right",
             rows[XLAM],
-            _policy((TOOL_RESULT, "Those are the live giveaways."), (ANY, f"{beta}\n{game}")),
+            policy((TOOL_RESULT, "Those are the live giveaways."), (ANY, f"{beta}\n{game}")),
             1.0,
             2,
         ),
-        Answer(XLAM, "wrong", rows[XLAM], _policy((TOOL_RESULT, "That is the beta list."), (ANY, beta)), 0.0, 2),
+        Answer(XLAM, "wrong", rows[XLAM], policy((TOOL_RESULT, "That is the beta list."), (ANY, beta)), 0.0, 2),
         Answer(
             MATH_WITH_CODE,
             "right",
             rows[MATH_WITH_CODE],
-            _policy((TOOL_RESULT, "The count is \\boxed{32}."), (ANY, run_code)),
+            policy((TOOL_RESULT, "The count is \\boxed{32}."), (ANY, run_code)),
             1.0,
             2,
         ),
@@ -178,25 +150,25 @@ def answers(gym_root: Path) -> list[Answer]:
             MATH_WITH_CODE,
             "wrong",
             rows[MATH_WITH_CODE],
-            _policy((TOOL_RESULT, "The count is \\boxed{31}."), (ANY, run_code)),
+            policy((TOOL_RESULT, "The count is \\boxed{31}."), (ANY, run_code)),
             0.0,
             2,
         ),
-        Answer(STRUCTEVAL, "right", rows[STRUCTEVAL], _policy((ANY, novel)), 1.0, 1),
-        Answer(STRUCTEVAL, "wrong", rows[STRUCTEVAL], _policy((ANY, '<|BEGIN_CODE|>{"novel": }<|END_CODE|>')), 0.0, 1),
+        Answer(STRUCTEVAL, "right", rows[STRUCTEVAL], policy((ANY, novel)), 1.0, 1),
+        Answer(STRUCTEVAL, "wrong", rows[STRUCTEVAL], policy((ANY, '<|BEGIN_CODE|>{"novel": }<|END_CODE|>')), 0.0, 1),
         Answer(
             WORDLE,
             "right",
             rows[WORDLE],
-            _policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, guess["chump"])),
+            policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, guess["chump"])),
             1.8,
             2,
         ),
         Answer(
-            WORDLE, "wrong", rows[WORDLE], _policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, "I give up.")), 0.0, 2
+            WORDLE, "wrong", rows[WORDLE], policy((FIRST_TURN, guess["crane"]), (TOOL_RESULT, "I give up.")), 0.0, 2
         ),
-        Answer(REASONING_GYM, "right", rows[REASONING_GYM], _policy((ANY, f"<answer>{knights}</answer>")), 1.0, 1),
-        Answer(REASONING_GYM, "wrong", rows[REASONING_GYM], _policy((ANY, f"<answer>{swapped}</answer>")), 0.0, 1),
-        Answer(CODE_GEN, "right", rows[CODE_GEN], _policy((ANY, program["k + 1"])), 1.0, 1),
-        Answer(CODE_GEN, "wrong", rows[CODE_GEN], _policy((ANY, program["k"])), 0.0, 1),
+        Answer(REASONING_GYM, "right", rows[REASONING_GYM], policy((ANY, f"<answer>{knights}</answer>")), 1.0, 1),
+        Answer(REASONING_GYM, "wrong", rows[REASONING_GYM], policy((ANY, f"<answer>{swapped}</answer>")), 0.0, 1),
+        Answer(CODE_GEN, "right", rows[CODE_GEN], policy((ANY, program["k + 1"])), 1.0, 1),
+        Answer(CODE_GEN, "wrong", rows[CODE_GEN], policy((ANY, program["k"])), 0.0, 1),
     ]

@@ -254,8 +254,8 @@ async def _health_or_abort(health_check: Callable[[], Any], pending: int, total:
             await outcome
     except PolicyServerUnreachable as e:
         raise RolloutAborted(
-            f"policy server(s) {list(e.servers)} unreachable with {pending} of {total} episodes pending (NeMo Gym "
-            f"retries an unreachable policy server forever, so the batch was aborted):\n{e}"
+            f"{e.role}(s) {list(e.servers)} unreachable with {pending} of {total} episodes pending (NeMo Gym "
+            f"retries an unreachable {e.role} forever, so the batch was aborted):\n{e}"
         ) from e
     except GymServerDied as e:
         raise RolloutAborted(

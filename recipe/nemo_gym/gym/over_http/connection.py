@@ -15,8 +15,9 @@ Contract:
   first `collect`, every `collect` must be awaited on it (anything else raises `RuntimeError` before a request
   goes out), and `close()` closes the session there (skipped once the loop is closed). Once `closed` is set (by
   `close()`, or by the owning Gym as its stop begins), `collect` raises `RolloutAborted`.
-- While a batch waits, `collect` runs `check_gym` and probes verl's policy servers (`health.PolicyWatch`:
-  `timeouts.policy_health_failures` consecutive probes without an answer abort the batch).
+- While a batch waits, `collect` runs `check_gym` and probes verl's policy servers and the judge's servers outside
+  Gym, `judge_urls` (`health.PolicyWatch`: `timeouts.policy_health_failures` consecutive probes without an answer
+  abort the batch, naming the server).
 - `collect(..., reading=EpisodeReading(processes=N, ...))` posts the rows and reads their results from N collect
   processes (`collect_processes.py`, started at the first such batch, with its settings, and kept until `close()`): each
   outcome is then an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on
@@ -84,6 +85,7 @@ class GymConnection:
         check_gym: Callable[[], Awaitable[None]],
         connector_limits: Mapping[str, Any],
         not_before: float = 0.0,
+        judge_urls: Sequence[str] = (),
     ):
         self.loop = loop  # borrowed: the caller created it and closes it, after `close()`
         self.servers = tuple(servers)
@@ -93,6 +95,7 @@ class GymConnection:
         self._check_gym = check_gym
         self._connector_limits = dict(connector_limits)
         self.not_before = not_before  # monotonic time; rows wait for it (see the module docstring)
+        self.judge_urls = tuple(url for url in judge_urls if url not in policy.base_urls)  # a judge outside Gym
         self._session: Any = None
         self.processes: CollectProcesses | None = None  # the collect processes, once a batch has asked for them
         self.router: LeastBusy[RunTarget] | None = None  # the last batch's: how many rows went to each agent copy
@@ -170,11 +173,14 @@ class GymConnection:
             post_run = make_post_run(self._session, self.router)
         timeouts = self._timeouts
         watch = PolicyWatch(self.policy.base_urls, timeouts.policy_health_timeout_s, timeouts.policy_health_failures)
+        judges = PolicyWatch(
+            self.judge_urls, timeouts.policy_health_timeout_s, timeouts.policy_health_failures, role="judge server"
+        )
 
         async def health() -> None:
             await self._check_gym()
-            # Gym's model server retries a policy server that does not answer forever: watch those too.
-            await watch.check()
+            # Gym's model servers retry a server that does not answer forever: watch the policy's and the judge's.
+            await asyncio.gather(watch.check(), judges.check())
 
         return await run_examples_in_order(
             examples,
@@ -182,7 +188,9 @@ class GymConnection:
             deadline_s=deadline_s,
             health_check=health,
             health_check_interval_s=health_check_interval_s,
-            progress=ProgressLine(waiting_on=watch.waiting_on, finished=self.router.spread),
+            progress=ProgressLine(
+                waiting_on=lambda: watch.waiting_on() or judges.waiting_on(), finished=self.router.spread
+            ),
             retries=retries,
             retry_delay_s=retry_delay_s,
             attempts=attempts,

@@ -5,8 +5,9 @@ Contract:
 - `wait_until_answering(head, deadline, ...)` polls a head server until every server it lists answers HTTP.
 - `FailureStreaks` counts consecutive failed probes per server; any answer resets a count. Two watches use it,
   each for one batch: `RemoteServerWatch` (Gym's servers, `GET /`; an attached Gym, whose processes run
-  elsewhere) raises `GymServerDied`, and `PolicyWatch` (verl's servers) raises `PolicyServerUnreachable`, once a
-  server has failed `limit` probes in a row. Process liveness of a Gym the plugin started is `owned/liveness.py`.
+  elsewhere) raises `GymServerDied`, and `PolicyWatch` (verl's servers, or a judge's outside Gym) raises
+  `PolicyServerUnreachable`, once a server has failed `limit` probes in a row. Process liveness of a Gym the
+  plugin started is `owned/liveness.py`.
 - A policy server is alive when it answers `GET <root>/health` with any HTTP status within the probe's timeout
   (`probe_policy_server`, which never raises for a network fault). What makes NeMo Gym 0.4.0 hang is a policy
   server that does not answer at all: its model server retries connection errors every 0.5 s forever. An
@@ -180,8 +181,10 @@ class PolicyWatch:
         max_failures: int,
         probe: Callable[[str, float], Any] = probe_policy_server,
         clock: Callable[[], float] = time.monotonic,
+        role: str = "policy server",
     ):
         self.base_urls = tuple(base_urls)
+        self.role = role  # what the servers are, in messages: verl's policy servers, or the judge's
         self.timeout_s = timeout_s
         self._probe = probe
         self._clock = clock
@@ -200,12 +203,12 @@ class PolicyWatch:
         dead = [last[url] for url in self.streaks.over_limit() if url in last]
         if dead:
             lines = [
-                f"policy server {r.base_url} did not answer GET {policy_health_url(r.base_url)} "
+                f"{self.role} {r.base_url} did not answer GET {policy_health_url(r.base_url)} "
                 f"{self.failures[r.base_url]} times in a row over {self.streaks.failing_for(r.base_url, now):.1f}s "
                 f"(last: {r.detail})"
                 for r in dead
             ]
-            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r in dead])
+            raise PolicyServerUnreachable("\n".join(lines), [r.base_url for r in dead], self.role)
 
     async def check(self) -> None:
         results = await asyncio.gather(*(self._probe(url, self.timeout_s) for url in self.base_urls))
@@ -214,4 +217,4 @@ class PolicyWatch:
     def waiting_on(self) -> str | None:
         """What the batch is waiting on while some policy server fails its probes (for the progress line), or None."""
         failing = [f"{url} ({n} of {self.streaks.limit} probes unanswered)" for url, n in self.failures.items() if n]
-        return f"policy server {', '.join(failing)} not answering" if failing else None
+        return f"{self.role} {', '.join(failing)} not answering" if failing else None

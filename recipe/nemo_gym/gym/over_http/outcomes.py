@@ -33,6 +33,8 @@ FAILURE_CLASS_KEY = "_ng_failure_class"
 FAILURE_DETAIL_KEYS = ("_ng_failure_type", "_ng_failure_message", "_ng_failure_http_status")
 MASK_SAMPLE_KEY = "mask_sample"
 CANCELLED_CLASS = "cancelled"
+JUDGE_FAILED_CLASS = "judge_failed"  # `nemo_gym/judge.py`'s `judge_failsafe`: the server's judge call failed
+_CAUSE_OF_CLASS = {CANCELLED_CLASS: FailureCause.CANCELLED, JUDGE_FAILED_CLASS: FailureCause.JUDGE_FAILED}
 
 # Every refusal of the token-exact splice starts with `SpliceError.PREFIX`. vLLM answers it with HTTP 400 and the
 # message, and NeMo Gym's model server and agent each wrap the inner body in `repr` (quotes and backslashes escaped,
@@ -125,6 +127,8 @@ def reported_failure(row: int, server: str, result: Mapping[str, Any]) -> Episod
     """The failure NeMo Gym reported on a row that came back with HTTP 200, or None for an ordinary result.
 
     - `_ng_failure_class: cancelled` (a row drained by Gym's dispatch budget): CANCELLED;
+    - `_ng_failure_class: judge_failed` (the resources server's judge call failed; Gym 0.7 sets `mask_sample` too):
+      JUDGE_FAILED;
     - any other `_ng_failure_class` (e.g. `environment_server_failed`, `agent_run_error`): ENVIRONMENT_FAILED,
       the class and `_ng_failure_type` / `_ng_failure_message` / `_ng_failure_http_status` in the detail;
     - `mask_sample: true` without a failure class (the environment asks not to train on it):
@@ -137,7 +141,7 @@ def reported_failure(row: int, server: str, result: Mapping[str, Any]) -> Episod
             for key in FAILURE_DETAIL_KEYS
             if result.get(key) not in (None, "")
         )
-        cause = FailureCause.CANCELLED if failure_class == CANCELLED_CLASS else FailureCause.ENVIRONMENT_FAILED
+        cause = _CAUSE_OF_CLASS.get(failure_class, FailureCause.ENVIRONMENT_FAILED)
         suffix = f" ({details})" if details else ""
         return EpisodeFailure(cause, f"{server!r} /run reported failure class {failure_class!r}{suffix}", row=row)
     if result.get(MASK_SAMPLE_KEY) is True:

@@ -2,20 +2,20 @@
 """`OwnedGym`: one NeMo Gym configuration the plugin starts out of process, supervises and stops, leaving nothing.
 
 Contract:
-- `OwnedGym.start(config, policy, loop=...)` takes the validated plugin YAML (`config.NeMoGymConfig`) and verl's
-  policy servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release,
-  0.4.x or 0.7.x, is read from it, and any other is refused naming it), checks that every config path exists
-  and that the head server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4)
-  from that environment as a process tree of its own: a new session, SIGINT at its default action, no `RAY_*`
-  variable and a private `RAY_TMPDIR`, under `lean_ray.py` (a private Ray for Gym, never the trainer's, without
-  Ray's dashboard or prestarted workers), offline (each server's venv is a link to a shim that runs the Gym
-  environment's interpreter, so no server builds a venv). Gym reads the plugin's keys last
-  (`job_config.global_config`). It returns once the head server lists the servers and every one answers HTTP,
-  within `timeouts.startup_s`. If the launcher or a server dies, or the deadline passes, everything started is
-  stopped and the error names what failed and shows the last lines of its log. A head server that could not bind
-  its port (taken between the check and Gym's bind) is named as soon as the launcher logs it
-  (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is retried,
-  once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
+- `OwnedGym.start(config, policy, loop=...)` takes the validated plugin YAML (`config.NeMoGymConfig`) and verl's policy
+  servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release, 0.4.x or 0.7.x,
+  is read from it, and any other is refused naming it), checks that every config path exists and that the head server's
+  port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4) from that environment as a process
+  tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`, under
+  `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers), offline
+  (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym
+  reads the plugin's keys last (`job_config.global_config`; with them the judge's, `job_config.judge_overrides`, which
+  also refuses a resources server whose judge no config defines before anything starts). It returns once the head server
+  lists the servers and every one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the
+  deadline passes, everything started is stopped and the error names what failed and shows the last lines of its log. A
+  head server that could not bind its port (taken between the check and Gym's bind) is named as soon as the launcher
+  logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is
+  retried, once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
   (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
@@ -64,7 +64,15 @@ from recipe.nemo_gym.gym.owned.environment import (
     launcher_argv,
     locate_environment,
 )
-from recipe.nemo_gym.gym.owned.job_config import cache_root, global_config, gym_overrides, replica_keys
+from recipe.nemo_gym.gym.owned.job_config import (
+    cache_root,
+    deep_merged,
+    global_config,
+    gym_overrides,
+    judge_overrides,
+    merged_config,
+    replica_keys,
+)
 from recipe.nemo_gym.gym.owned.liveness import (
     LAUNCHER,
     HealthReport,
@@ -207,8 +215,13 @@ class OwnedGym:
         section = config.nemo_gym
         environment = inspect_environment(locate_environment(section.environment))
         files = seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        merged = merged_config(files, overrides)
         if section.replicas:
-            overrides = {**overrides, **replica_keys(section.replicas, files, overrides)}
+            copies = replica_keys(section.replicas, merged, files)
+            overrides, merged = {**overrides, **copies}, deep_merged(merged, copies)
+        judge = judge_overrides(section, policy, merged, files)
+        if judge:
+            overrides = deep_merged(overrides, judge)
         check_port_free(section.head_server.host, section.head_server.port)
         gym = cls(config, policy, loop, overrides)
         gym.environment = environment
@@ -302,6 +315,7 @@ class OwnedGym:
             timeouts=self.config.timeouts,
             check_gym=self._check_gym,
             connector_limits=self.overrides,
+            judge_urls=self.config.nemo_gym.judge.base_urls if self.config.nemo_gym.judge else (),
         )
         tree.refresh()
 

@@ -233,3 +233,42 @@ def test_policy_watch_aborts_only_after_consecutive_failures_and_names_the_serve
         "(last: cannot connect (Connection refused))"
     )
     assert watch.probes == 6
+
+
+def test_a_judge_url_that_stops_answering_aborts_the_batch_naming_the_judge_server():
+    """The judge's servers outside Gym are watched as the policy's are (`GymConnection.judge_urls`): Gym's model server
+    retries one that does not answer forever, so the batch is aborted, naming it, within the health checks."""
+    import asyncio
+
+    from recipe.nemo_gym.failures import RolloutAborted
+    from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
+
+    judge = "http://judge-node:8000/v1"
+
+    async def dead(url: str, timeout_s: float) -> ProbeResult:
+        return ProbeResult(url, False, "cannot connect (Connection refused)")
+
+    watch = PolicyWatch([judge], timeout_s=1.0, max_failures=2, probe=dead, role="judge server")
+
+    async def post_run(i: int, row: dict) -> dict:
+        await asyncio.sleep(30)  # an episode waiting on its judge, as Gym's model server would keep it
+        return {}
+
+    with pytest.raises(RolloutAborted) as err:
+        asyncio.run(run_examples_in_order([{}, {}], post_run, deadline_s=20, health_check=watch.check,
+                                          health_check_interval_s=0.05))  # fmt: skip
+    message = str(err.value)
+    assert message.startswith(f"judge server(s) ['{judge}'] unreachable with 2 of 2 episodes pending")
+    assert f"judge server {judge} did not answer GET http://judge-node:8000/health 2 times in a row" in message
+
+
+def test_a_judge_url_that_is_a_policy_server_is_watched_once():
+    from recipe.nemo_gym.config import Timeouts
+    from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+
+    policy = PolicyServers(("http://10.0.0.1:8000/v1",), "m")
+    connection = GymConnection(
+        loop=None, servers=(), targets={}, policy=policy, timeouts=Timeouts(), check_gym=None, connector_limits={},
+        judge_urls=("http://10.0.0.1:8000/v1", "http://judge:8000/v1"),
+    )  # fmt: skip
+    assert connection.judge_urls == ("http://judge:8000/v1",)

@@ -19,7 +19,7 @@ from recipe.nemo_gym.config import ConfigError, load_config
 from recipe.nemo_gym.gym.errors import GymConfigError
 from recipe.nemo_gym.gym.over_http.client import RunTarget, make_post_run
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
-from recipe.nemo_gym.gym.owned.job_config import replica_keys
+from recipe.nemo_gym.gym.owned.job_config import merged_config, replica_keys
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_name, replica_of, replica_overrides
 
 AGENT = "math_simple_agent"
@@ -94,10 +94,10 @@ def test_replica_keys_read_the_config_files_and_the_overrides_as_gym_merges_them
     files[1].write_text(yaml.safe_dump({"math": CONFIG["math"], AGENT: CONFIG[AGENT]}))
     # An override that points the agent at another resources server: the copies follow it.
     overrides = {"judge": {"resources_servers": {"x": {}}}, AGENT: _agent(resources="judge")}
-    keys = replica_keys({AGENT: 2}, files, overrides)
+    keys = replica_keys({AGENT: 2}, merged_config(files, overrides), files)
     assert keys["judge__replica2"] == {"_copy": "judge"}
     with pytest.raises(GymConfigError, match=r"nemo_gym\.replicas\.nope.*config files: .*model\.yaml"):
-        replica_keys({"nope": 2}, files, {})
+        replica_keys({"nope": 2}, merged_config(files, {}), files)
 
 
 def test_copies_group_under_their_agent_in_number_order_and_a_stray_copy_stays_its_own():

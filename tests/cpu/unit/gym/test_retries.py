@@ -85,6 +85,7 @@ def test_retryable_causes_are_exactly_the_infrastructure_ones():
     assert {c for c in FailureCause if c.retryable} == {
         FailureCause.SERVER_ERROR,
         FailureCause.ENVIRONMENT_FAILED,
+        FailureCause.JUDGE_FAILED,
         FailureCause.CANCELLED,
     }
 
