@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the test suite costs, measured by the suite itself: time per tier and per module, and peak memory.
+"""What the test suite costs, measured by the suite itself: time per tier and per module, peak memory, CPU use.
 
 `./run_tests.sh` sets `NG_SUITE_COST_DIR` (a folder under `outputs/`) and:
 - starts `python -m tests.support.suite_cost sample DIR` beside its pytest runs. It reads the machine's
   memory in use (`MemTotal - MemAvailable` of /proc/meminfo, so every process the suite starts counts) every
   `SAMPLE_S` seconds and keeps the peak in `DIR/memory.json`, with the minute of the run, the tests pytest's
   workers were running and the largest processes at that moment; and, per module, when its tests ran (first and
-  last seen in a worker's title) and the peak memory in use meanwhile, in `DIR/modules.json` (`track_modules`);
+  last seen in a worker's title), the peak memory in use meanwhile and the machine's CPU use meanwhile (busy
+  seconds of all cores, from /proc/stat: what is not idle or waiting on I/O), in `DIR/modules.json`
+  (`track_modules`), and the whole run's CPU use in `DIR/cpu.json`;
 - each pytest run (`tests/cpu/conftest.py`) writes `DIR/<label>.json` at its end: its wall time and, per module and
   tier, its tests and the seconds they took (setup, call and teardown summed: the module's time on its worker);
 - runs `python -m tests.support.suite_cost probe DIR before` before the sampler and pytest start, and `... after`
@@ -34,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SAMPLE_S = 1.0
+SAMPLER_FILES = ("memory.json", "modules.json", "cpu.json")
 SPEED_PREFIX = "speed-"
 PROBE_REPEATS = 7
 GIB = 2**30
@@ -87,23 +90,42 @@ def memory_in_use(meminfo: str) -> int:
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
-def track_modules(spans: dict[str, dict], running: Iterable[str], now: float, used: int) -> dict[str, dict]:
+def cpu_seconds(stat: str) -> tuple[float, float]:
+    """(busy, all) CPU seconds of every core since boot, from the text of /proc/stat (busy: not idle or iowait)."""
+    fields = [int(v) for v in stat.splitlines()[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - fields[3] - fields[4]) / ticks, sum(fields) / ticks
+
+
+def track_modules(
+    spans: dict[str, dict], running: Iterable[str], now: float, used: int, cpu: tuple[float, float] | None = None
+) -> dict[str, dict]:
     """Fold one sample into `spans` (module -> {"first", "last", "peak_bytes"}): the modules of the tests running
-    now were seen at `now`, with `used` bytes in use on the machine."""
+    now were seen at `now`, with `used` bytes in use on the machine. `cpu`: the machine's (busy, all) CPU seconds
+    since the last sample, added to each of those modules' `cpu_busy_s` and `cpu_all_s`."""
     for module in {test.split("::")[0] for test in running}:
         span = spans.setdefault(module, {"first": now, "last": now, "peak_bytes": used})
         span["last"], span["peak_bytes"] = now, max(span["peak_bytes"], used)
+        if cpu is not None:
+            span["cpu_busy_s"] = span.get("cpu_busy_s", 0.0) + cpu[0]
+            span["cpu_all_s"] = span.get("cpu_all_s", 0.0) + cpu[1]
     return spans
 
 
+def _cpu_share(record: dict, busy: str = "cpu_busy_s", every: str = "cpu_all_s") -> str:
+    return f"{100 * record[busy] / record[every]:3.0f}% CPU  " if record.get(every) else ""
+
+
 def timeline(spans: dict[str, dict], started_at: float, *, min_s: float = 30.0) -> list[str]:
-    """The modules that ran at least `min_s` seconds, in the order they started: minutes from the run's start, and
-    the peak machine-wide memory while each ran (what another worker ran meanwhile counts too)."""
-    rows = sorted((span["first"], module, span["last"], span["peak_bytes"]) for module, span in spans.items()
+    """The modules that ran at least `min_s` seconds, in the order they started: minutes from the run's start, the
+    peak machine-wide memory while each ran, and the share of the machine's CPU time that was busy meanwhile (what
+    another worker ran meanwhile counts too)."""
+    rows = sorted((span["first"], module, span) for module, span in spans.items()
                   if span["last"] - span["first"] >= min_s)  # fmt: skip
     return [
-        f"  {(first - started_at) / 60:5.1f} to {(last - started_at) / 60:5.1f} min  {peak / GIB:5.1f} GiB  {module}"
-        for first, module, last, peak in rows
+        f"  {(first - started_at) / 60:5.1f} to {(span['last'] - started_at) / 60:5.1f} min  "
+        f"{span['peak_bytes'] / GIB:5.1f} GiB  {_cpu_share(span)}{module}"
+        for first, module, span in rows
     ]
 
 
@@ -135,6 +157,7 @@ def format_report(
     slowest: int = 10,
     spans: dict | None = None,
     speeds: dict[str, list[float]] | None = None,
+    cpu: dict | None = None,
 ) -> str:
     """The summary `./run_tests.sh` prints at its end."""
     lines = ["", "=" * 30 + " what the suite cost " + "=" * 30]
@@ -170,8 +193,14 @@ def format_report(
         lines += [f"  {line}" for line in memory.get("largest_processes", [])]
     else:
         lines.append("peak memory: not sampled")
+    if cpu and cpu.get("all_s"):
+        lines.append(
+            f"the machine's CPU: busy {100 * cpu['busy_s'] / cpu['all_s']:.0f}% of the run's CPU time "
+            f"({cpu['cores']} cores; not idle or waiting on I/O, machine-wide)"
+        )
     if spans and memory and "started_at" in memory:
-        lines.append("when the modules of 30 s or more ran, and the peak memory in use meanwhile:")
+        cpu_part = ", and the share of CPU time busy" if any("cpu_all_s" in span for span in spans.values()) else ""
+        lines.append(f"when the modules of 30 s or more ran, the peak memory in use meanwhile{cpu_part}:")
         lines += timeline(spans, memory["started_at"])
     if speeds:
         lines.append(format_speeds(speeds))
@@ -225,7 +254,8 @@ def sample(folder: Path) -> None:
         running = False
 
     signal.signal(signal.SIGTERM, stop)
-    meminfo = Path("/proc/meminfo")
+    meminfo, stat = Path("/proc/meminfo"), Path("/proc/stat")
+    cpu_start = cpu_last = cpu_seconds(stat.read_text())
     text = meminfo.read_text()
     total = meminfo_bytes(text)["MemTotal"]
     start = peak = memory_in_use(text)
@@ -235,10 +265,14 @@ def sample(folder: Path) -> None:
     written = 0.0
     while True:
         used = memory_in_use(meminfo.read_text())
-        now, processes = time.time(), _processes()
-        track_modules(spans, running_tests(command for _, _, command in processes), now, used)
+        now, processes, cpu_now = time.time(), _processes(), cpu_seconds(stat.read_text())
+        delta = (cpu_now[0] - cpu_last[0], cpu_now[1] - cpu_last[1])
+        cpu_last = cpu_now
+        track_modules(spans, running_tests(command for _, _, command in processes), now, used, delta)
         if now - written >= 5 or not running:
             _replace(folder / "modules.json", spans)
+            busy, every = cpu_now[0] - cpu_start[0], cpu_now[1] - cpu_start[1]
+            _replace(folder / "cpu.json", {"busy_s": busy, "all_s": every, "cores": os.cpu_count()})
             written = now
         if used >= peak or not out.exists():
             peak = max(peak, used)
@@ -259,13 +293,13 @@ def probe(folder: Path, when: str) -> None:
 def report(folder: Path) -> str:
     by_time = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
     runs = [RunCost.read(path) for path in by_time
-            if path.name not in ("memory.json", "modules.json") and not path.name.startswith(SPEED_PREFIX)]  # fmt: skip
-    memory_file, modules_file = folder / "memory.json", folder / "modules.json"
-    memory = json.loads(memory_file.read_text()) if memory_file.exists() else None
-    spans = json.loads(modules_file.read_text()) if modules_file.exists() else None
+            if path.name not in SAMPLER_FILES and not path.name.startswith(SPEED_PREFIX)]  # fmt: skip
+    memory, spans, cpu = (
+        json.loads((folder / name).read_text()) if (folder / name).exists() else None for name in SAMPLER_FILES
+    )
     probes = [json.loads(path.read_text()) for path in by_time if path.name.startswith(SPEED_PREFIX)]
     speeds = {record["when"]: record["seconds"] for record in probes}
-    return format_report(runs, memory, spans=spans, speeds=speeds)
+    return format_report(runs, memory, spans=spans, speeds=speeds, cpu=cpu)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,16 @@
 One run of the CPU training backend (`recipe.nemo_gym.cpu_backend`), two GRPO steps on a blend of `gpqa_diamond`
 (its right answer), `ruler` (its wrong one) and `equivalence_llm_judge` (its right one, judged by the plugin's judge
 on the trainer's own vLLM server: `judge: policy`), each from its shipped config's Gym config (`recipe/nemo_gym/
-configs/knowledge.yaml`, `long_context.yaml`, `judged_qa.yaml`). Every check reads verl's own logged metrics:
+configs/knowledge.yaml`, `long_context.yaml`, `judged_qa.yaml`), and one row of the shipped blend's `uppercase_share`
+that the model samples freely. A scripted answer plays the same tokens in both samples of its row, so its group's
+advantages are 0; the sampled row's two samples score differently, so the step has a gradient. Every check reads
+verl's own logged metrics:
 
 - the actor's recomputed log-probs equal the rollout's on every generated token at both steps (the judge's calls,
   on the same servers, are not trained and leave the policy's tokens exact);
 - each server's reward in both steps' metrics is what the server (for `equivalence_llm_judge`, the judge's verdict)
   gives the scripted answer, and no episode failed;
+- the actor's gradient is not zero at either step;
 - nothing of the run is left running.
 
 The rows and the judge's requests name their scripts (`script_choice.scripted_row`, the judge's `extra_body`), which
@@ -23,13 +27,15 @@ and their judge made that module longer and heavier while the other worker's mod
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 import yaml
 
 from recipe.nemo_gym_demo.console import JobSpec, environments, run_job
-from recipe.nemo_gym_demo.data import BLEND, write_jsonl
+from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.catalogue_stack import kind_answers
 from tests.support.cpu_policy.answers import judge_policy
@@ -48,6 +54,7 @@ CATALOGUE = (
     ("long_context", "ruler_simple_agent", "wrong"),
     ("judged_qa", "equivalence_llm_judge_simple_agent", "right"),
 )
+SAMPLED = "uppercase_share_simple_agent"  # the shipped blend's environment whose row the model samples
 
 
 def catalogue_answers():
@@ -57,12 +64,13 @@ def catalogue_answers():
 
 
 def catalogue_blend(path: Path, judge_script: Path) -> Path:
-    """The shipped blend's model server, timeouts and failure policy, with the catalogue's three servers (their
-    shipped configs' Gym configs) in place of its environments, judged by the plugin's judge on the trainer's own vLLM
-    server playing `judge_script`."""
+    """The shipped blend's model server, `uppercase_share`, timeouts and failure policy, with the catalogue's three
+    servers (their shipped configs' Gym configs) in place of its other environments, judged by the plugin's judge on
+    the trainer's own vLLM server playing `judge_script`."""
     config = yaml.safe_load(BLEND.read_text())
     section = config["nemo_gym"]
-    section["config_paths"] = [p for p in section["config_paths"] if p.startswith("responses_api_models/")]
+    kept = ("responses_api_models/", "resources_servers/uppercase_share/")
+    section["config_paths"] = [p for p in section["config_paths"] if p.startswith(kept)]
     section.pop("config_overrides")  # the shipped blend's math server's
     for kind, agent, _ in CATALOGUE:
         server = agent.removesuffix("_simple_agent")
@@ -78,8 +86,10 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("main_ppo_catalogue")
     answers = catalogue_answers()
     rows = [scripted_row(a.row, a.policy.to_file(out / f"answer-{i}.json")) for i, a in enumerate(answers)]
-    train = write_jsonl(rows * 2, out / "train.jsonl")  # one batch of the three rows a step
-    # Every request names its script; the job's own script only backs requests that name none (there are none).
+    rows.append(json.loads(UPPERCASE_ROWS.read_text().splitlines()[0]))
+    train = write_jsonl(rows * 2, out / "train.jsonl")  # one batch of the four rows a step
+    # The scripted rows' requests name their scripts; the job's own script backs the one row that names none (the
+    # model samples it).
     script = ScriptedPolicy(rules=[], fallback="model").to_file(out / "script.json")
     spec = JobSpec(
         out_dir=out / "job",
@@ -111,6 +121,7 @@ def test_main_ppo_trains_two_steps_on_the_catalogue_servers_with_exit_code_zero(
     assert result.exit_status == 0, f"main_ppo failed: {result.cause}; see {spec.log_file}"
     assert [s["step"] for s in result.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     for data in _training_steps(result):
+        assert data["actor/grad_norm"] > 0 and math.isfinite(data["actor/grad_norm"])
         assert data["training/rollout_probs_diff_valid"] == 1
         assert data["training/rollout_probs_diff_max"] < 1e-6
         assert data["rollout_corr/log_ppl_abs_diff"] < 1e-5
@@ -124,7 +135,8 @@ def test_each_server_and_the_judge_score_the_scripted_answer_in_both_steps_metri
     assert len(steps) == 2
     answers = catalogue_answers()
     for data in steps:
-        assert set(environments(data)) == {a.agent for a in answers}
+        assert set(environments(data)) == {a.agent for a in answers} | {SAMPLED}
+        assert 0 <= data[f"timing_s/nemo_gym/{SAMPLED}/reward/mean"] <= 1
         assert data["timing_s/nemo_gym/all/failed"] == 0
         for answer in answers:
             gym = f"timing_s/nemo_gym/{answer.agent}/"

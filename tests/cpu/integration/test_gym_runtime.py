@@ -216,9 +216,12 @@ def _run_child_until_servers_exist(tmp_path: Path, mode: str) -> tuple[psutil.Po
         cwd=REPO_ROOT,
         env={**os.environ, MARK: mark},
     )
-    deadline = time.monotonic() + 120
-    while len(gym_processes(port)) < 3 and time.monotonic() < deadline:
+    # Room for the starts `OwnedGym.start` may make on a busy machine (Ray's 30 s start-up deadline missed, up to
+    # `RAY_START_ATTEMPTS` starts in all).
+    deadline = time.monotonic() + 300
+    while len(gym_processes(port)) < 3 and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.2)
+    assert child.poll() is None, f"the child ended (exit status {child.returncode}) before its servers started"
     assert len(gym_processes(port)) >= 3, "the child never launched its servers"
     return child, port, mark
 

@@ -15,8 +15,9 @@ Contract:
   deadline passes, everything started is stopped and the error names what failed and shows the last lines of its log. A
   head server that could not bind its port (taken between the check and Gym's bind) is named as soon as the launcher
   logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is
-  retried, once and within the same deadline: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
-  (`missed_ray_start`), which a CPU-starved node can cause and a second start does not meet again.
+  retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and a few seconds apart: Gym's launcher
+  ending because its Ray missed Ray's fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause
+  (twice in a row, on a 2-core machine starting two other Rays) and a later start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.
@@ -97,6 +98,8 @@ HEAD_SERVER = "head_server"
 # Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
 # ray/_private/node.py, Ray 2.60; not configurable). `lean_ray.py` starts Gym's Ray and exits with it.
 RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3
+_RAY_RETRY_PAUSE_S = 5.0  # lets the load that starved the first start pass
 
 
 def head_server_bind_error(launcher_log: str, port: int) -> str | None:
@@ -191,22 +194,26 @@ class OwnedGym:
 
         `loop` is the event loop every `connection.collect` will run on (see the module docstring); it is not used
         to start. `limits` go into Gym's global config under the user's `nemo_gym.config_overrides`, and bound the
-        connection's own HTTP session. A launcher that ended on Ray's start-up deadline is started once more,
-        within the same deadline.
+        connection's own HTTP session. A launcher that ended on Ray's start-up deadline is started again, up to
+        `RAY_START_ATTEMPTS` starts in all, within the same deadline.
         """
         deadline = time.monotonic() + config.timeouts.startup_s
         overrides = gym_overrides(config.nemo_gym, limits)
-        try:
-            return cls._start_once(config, policy, loop, overrides, deadline)
-        except GymServerDied as e:
-            if not missed_ray_start(e):
-                raise
-            logger.warning(
-                "NeMo Gym's launcher ended because its Ray missed Ray's 30 s start-up deadline (%r; a busy node); "
-                "starting NeMo Gym once more",
-                RAY_START_TIMEOUT,
-            )
-        return cls._start_once(config, policy, loop, overrides, deadline)
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                return cls._start_once(config, policy, loop, overrides, deadline)
+            except GymServerDied as e:
+                if not missed_ray_start(e) or attempt == RAY_START_ATTEMPTS:
+                    raise
+                if deadline - time.monotonic() < 2 * _RAY_RETRY_PAUSE_S:
+                    raise
+                logger.warning(
+                    "NeMo Gym's launcher ended because its Ray missed Ray's 30 s start-up deadline (%r; a busy node); "
+                    "starting NeMo Gym again (start %d of at most %d)",
+                    RAY_START_TIMEOUT, attempt + 1, RAY_START_ATTEMPTS,
+                )  # fmt: skip
+                time.sleep(_RAY_RETRY_PAUSE_S)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     @classmethod
     def _start_once(

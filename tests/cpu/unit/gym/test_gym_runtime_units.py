@@ -34,8 +34,15 @@ from recipe.nemo_gym.gym.over_http.client import (
 )
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order, validate_examples
 from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.owned import launch
 from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
-from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free, head_server_bind_error, missed_ray_start
+from recipe.nemo_gym.gym.owned.launch import (
+    RAY_START_ATTEMPTS,
+    OwnedGym,
+    check_port_free,
+    head_server_bind_error,
+    missed_ray_start,
+)
 from recipe.nemo_gym.gym.owned.liveness import LAUNCHER
 from recipe.nemo_gym.gym.owned.seams import (
     check_config_paths,
@@ -549,7 +556,8 @@ def _retry_config() -> NeMoGymConfig:
 
 
 def _start_attempts(monkeypatch, outcomes: list) -> list[float]:
-    """Replace one start attempt (`OwnedGym._start_once`) by `outcomes` in turn; the deadlines it was given."""
+    """Replace one start attempt (`OwnedGym._start_once`) by `outcomes` in turn, with no pause between attempts; the
+    deadlines it was given."""
     deadlines = []
 
     def start_once(cls, config, policy, loop, overrides, deadline):
@@ -560,32 +568,44 @@ def _start_attempts(monkeypatch, outcomes: list) -> list[float]:
         return outcome
 
     monkeypatch.setattr(OwnedGym, "_start_once", classmethod(start_once))
+    monkeypatch.setattr(launch, "_RAY_RETRY_PAUSE_S", 0.0)
     return deadlines
 
 
-def test_a_launcher_ended_by_rays_start_up_deadline_is_started_once_more_within_the_same_deadline(
+def test_a_launcher_ended_by_rays_start_up_deadline_is_started_again_within_the_same_deadline(
     monkeypatch, plugin_caplog
 ) -> None:
     started = object()
-    deadlines = _start_attempts(monkeypatch, [GymServerDied(RAY_MISSED, [LAUNCHER]), started])
+    missed = [GymServerDied(RAY_MISSED, [LAUNCHER]) for _ in range(RAY_START_ATTEMPTS - 1)]
+    deadlines = _start_attempts(monkeypatch, [*missed, started])
     t0 = time.monotonic()
     assert OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None) is started
-    assert len(deadlines) == 2 and deadlines[0] == deadlines[1] and t0 + 59 < deadlines[0] <= time.monotonic() + 60
-    assert "starting NeMo Gym once more" in plugin_caplog.text
+    assert len(deadlines) == RAY_START_ATTEMPTS == 3 and len(set(deadlines)) == 1
+    assert t0 + 59 < deadlines[0] <= time.monotonic() + 60
+    assert f"starting NeMo Gym again (start 3 of at most {RAY_START_ATTEMPTS})" in plugin_caplog.text
 
 
 @pytest.mark.parametrize(
-    "first",
+    ("outcomes", "attempts"),
     [
-        GymServerDied(RAY_MISSED, [LAUNCHER]),  # twice in a row: the second failure is the caller's
-        GymServerDied("NeMo Gym server(s) ['math_with_judge'] died during start-up.", ["math_with_judge"]),
+        ([GymServerDied(RAY_MISSED, [LAUNCHER])] * 3, 3),  # the last start's failure is the caller's
+        ([GymServerDied("NeMo Gym server(s) ['math_with_judge'] died during start-up.", ["math_with_judge"])], 1),
+        ([GymServerDied(RAY_MISSED, [LAUNCHER]), GymServerDied("server(s) ['math_with_judge'] died", ["x"])], 2),
     ],
 )
-def test_any_other_start_up_failure_or_a_second_one_is_raised(monkeypatch, first) -> None:
-    deadlines = _start_attempts(monkeypatch, [first, GymServerDied(RAY_MISSED, [LAUNCHER])])
+def test_any_other_start_up_failure_or_the_last_missed_ray_start_is_raised(monkeypatch, outcomes, attempts) -> None:
+    deadlines = _start_attempts(monkeypatch, list(outcomes))
+    with pytest.raises(GymServerDied) as raised:
+        OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None)
+    assert len(deadlines) == attempts and raised.value is outcomes[-1]
+
+
+def test_no_start_is_made_again_without_the_time_for_one_left(monkeypatch) -> None:
+    deadlines = _start_attempts(monkeypatch, [GymServerDied(RAY_MISSED, [LAUNCHER]), object()])
+    monkeypatch.setattr(launch, "_RAY_RETRY_PAUSE_S", 40.0)  # more than half of the 60 s start-up deadline
     with pytest.raises(GymServerDied):
         OwnedGym.start(_retry_config(), policy_servers("http://127.0.0.1:1/v1"), loop=None)
-    assert len(deadlines) == (2 if missed_ray_start(first) else 1)
+    assert len(deadlines) == 1
 
 
 def test_the_test_supports_gym_keeps_its_loop_open_through_a_start_made_once_more(monkeypatch, tmp_path) -> None:

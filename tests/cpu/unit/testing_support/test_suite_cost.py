@@ -15,6 +15,7 @@ from tests.support.suite_cost import (
     GIB,
     ModuleCost,
     RunCost,
+    cpu_seconds,
     format_report,
     format_speeds,
     largest_processes,
@@ -79,6 +80,8 @@ def test_the_sampler_keeps_the_peak_until_sigterm_and_the_report_reads_the_folde
     assert sampler.wait(timeout=30) == 0
     memory = json.loads((tmp_path / "memory.json").read_text())
     assert 0 < memory["start_bytes"] <= memory["peak_bytes"] < memory["total_bytes"]
+    cpu = json.loads((tmp_path / "cpu.json").read_text())
+    assert 0 <= cpu["busy_s"] <= cpu["all_s"] and cpu["cores"] == os.cpu_count()
     probe = [sys.executable, "-m", "tests.support.suite_cost", "probe", str(tmp_path), "after"]
     subprocess.run(probe, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True)
     text = report(tmp_path)
@@ -146,8 +149,34 @@ def test_each_modules_span_and_the_peak_memory_while_it_ran_are_tracked_and_repo
     memory = {"peak_bytes": 9 * GIB, "start_bytes": 1 * GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0,
               "started_at": 1000.0, "peak_at": 1120.0}  # fmt: skip
     lines = format_report([], memory, spans=spans).splitlines()
-    at = lines.index("when the modules of 30 s or more ran, and the peak memory in use meanwhile:")
+    at = lines.index("when the modules of 30 s or more ran, the peak memory in use meanwhile:")
     assert lines[at + 1 :] == [  # the one-sample module (test_c) is left out
         "    1.0 to   4.0 min    9.0 GiB  tests/cpu/e2e/test_a.py",
         "    1.0 to   1.7 min    5.0 GiB  tests/cpu/integration/test_b.py",
     ]
+
+
+def test_the_machines_cpu_time_is_read_busy_and_in_all_from_proc_stat():
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = f"cpu  {4 * ticks} {ticks} {2 * ticks} {10 * ticks} {3 * ticks} 0 {ticks} 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert cpu_seconds(stat) == (8.0, 21.0)  # user + nice + system + softirq busy; idle and iowait not
+
+
+def test_each_modules_share_of_busy_cpu_time_and_the_runs_are_reported():
+    spans: dict = {}
+    track_modules(spans, ["tests/cpu/e2e/test_a.py::test_x", "tests/cpu/unit/test_b.py::t"], 1000.0, GIB, (1.5, 2.0))
+    track_modules(spans, ["tests/cpu/e2e/test_a.py::test_x"], 1060.0, GIB, (0.5, 2.0))
+    assert spans["tests/cpu/e2e/test_a.py"] == {
+        "first": 1000.0, "last": 1060.0, "peak_bytes": GIB, "cpu_busy_s": 2.0, "cpu_all_s": 4.0,
+    }  # fmt: skip
+    assert (spans["tests/cpu/unit/test_b.py"]["cpu_busy_s"], spans["tests/cpu/unit/test_b.py"]["cpu_all_s"]) == (1.5, 2)
+    memory = {"peak_bytes": GIB, "start_bytes": GIB, "total_bytes": 23.5 * GIB, "sample_s": 1.0,
+              "started_at": 1000.0, "peak_at": 1000.0}  # fmt: skip
+    lines = format_report([], memory, spans=spans, cpu={"busy_s": 90.0, "all_s": 100.0, "cores": 2}).splitlines()
+    assert (
+        "the machine's CPU: busy 90% of the run's CPU time (2 cores; not idle or waiting on I/O, machine-wide)" in lines
+    )
+    at = lines.index(
+        "when the modules of 30 s or more ran, the peak memory in use meanwhile, and the share of CPU time busy:"
+    )
+    assert lines[at + 1 :] == ["    0.0 to   1.0 min    1.0 GiB   50% CPU  tests/cpu/e2e/test_a.py"]
