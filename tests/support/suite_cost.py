@@ -112,8 +112,8 @@ def track_modules(
     return spans
 
 
-def _cpu_share(record: dict, busy: str = "cpu_busy_s", every: str = "cpu_all_s") -> str:
-    return f"{100 * record[busy] / record[every]:3.0f}% CPU  " if record.get(every) else ""
+def _cpu_share(span: dict) -> str:
+    return f"{100 * span['cpu_busy_s'] / span['cpu_all_s']:3.0f}% CPU  " if span.get("cpu_all_s") else ""
 
 
 def timeline(spans: dict[str, dict], started_at: float, *, min_s: float = 30.0) -> list[str]:
