@@ -90,11 +90,18 @@ def memory_in_use(meminfo: str) -> int:
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
-def cpu_seconds(stat: str) -> tuple[float, float]:
-    """(busy, all) CPU seconds of every core since boot, from the text of /proc/stat (busy: not idle or iowait)."""
+def cpu_ticks(stat: str) -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot, from the text of /proc/stat (busy: not idle or iowait).
+    Integers, so that busy never exceeds all in a difference of two samples (in float seconds rounding could)."""
     fields = [int(v) for v in stat.splitlines()[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def cpu_seconds(stat: str) -> tuple[float, float]:
+    """`cpu_ticks` in seconds."""
     ticks = os.sysconf("SC_CLK_TCK")
-    return (sum(fields) - fields[3] - fields[4]) / ticks, sum(fields) / ticks
+    busy, every = cpu_ticks(stat)
+    return busy / ticks, every / ticks
 
 
 def track_modules(
@@ -255,7 +262,8 @@ def sample(folder: Path) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     meminfo, stat = Path("/proc/meminfo"), Path("/proc/stat")
-    cpu_start = cpu_last = cpu_seconds(stat.read_text())
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    cpu_start = cpu_last = cpu_ticks(stat.read_text())
     text = meminfo.read_text()
     total = meminfo_bytes(text)["MemTotal"]
     start = peak = memory_in_use(text)
@@ -265,13 +273,13 @@ def sample(folder: Path) -> None:
     written = 0.0
     while True:
         used = memory_in_use(meminfo.read_text())
-        now, processes, cpu_now = time.time(), _processes(), cpu_seconds(stat.read_text())
-        delta = (cpu_now[0] - cpu_last[0], cpu_now[1] - cpu_last[1])
+        now, processes, cpu_now = time.time(), _processes(), cpu_ticks(stat.read_text())
+        delta = ((cpu_now[0] - cpu_last[0]) * tick_s, (cpu_now[1] - cpu_last[1]) * tick_s)
         cpu_last = cpu_now
         track_modules(spans, running_tests(command for _, _, command in processes), now, used, delta)
         if now - written >= 5 or not running:
             _replace(folder / "modules.json", spans)
-            busy, every = cpu_now[0] - cpu_start[0], cpu_now[1] - cpu_start[1]
+            busy, every = (cpu_now[0] - cpu_start[0]) * tick_s, (cpu_now[1] - cpu_start[1]) * tick_s
             _replace(folder / "cpu.json", {"busy_s": busy, "all_s": every, "cores": os.cpu_count()})
             written = now
         if used >= peak or not out.exists():
