@@ -21,9 +21,8 @@ posts the rows) uses, the Gym release, failures, rewards, and any "Too many open
 servers inherit it; with only the soft limit lowered, `ray.init` would raise it back to the hard one).
 `--policy cpu-server` serves the policy with the test-support CPU policy server (`cpu_policy/server.py`, vLLM's
 OpenAI server over our own CPU engine; the scripted answers cost next to nothing), so that the figures measure the
-orchestration (the manager and Gym) rather than the policy: the set-up the in-process figures of issue 23 were taken
-with. `--server-workers N` runs the model server and the environment server (relay) as N processes each (Gym 0.7's
-`num_workers`; its simple_agent cannot run so).
+orchestration (the manager and Gym) rather than the policy. `--server-workers N` runs the model server and the
+environment server (relay) as N processes each (Gym 0.7's `num_workers`; its simple_agent cannot run so).
 `--env flaky` measures what retries add to a batch: after a warm-up, `--rounds` pairs of batches of uppercase_share's
 rows on the tests' `fail_on_request` server (`tests/cpu/gym_envs`), the first with no failure, the second with each
 verify failing at random at `--transient-failure-pct` (HTTP 500; the manager retries it `--retries` times).

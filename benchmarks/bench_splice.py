@@ -9,7 +9,7 @@ request for the next turn (the whole chat completions preprocessing), unpatched 
 on one event loop. Reports the median over repeats of each, the ratio, the number of chat template renders per
 request (calls of the tokenizer's `apply_chat_template`, through which vLLM applies every template, tokenized
 or not) and of tokenizations (calls of its `encode`).
-The targets (issue 3): at most one extra template render per request, and under 2x at 32 turns.
+The targets: at most one extra template render per request, and under 2x at 32 turns.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_splice.py [--repeats 60] [--turns 2 8 32]
 """

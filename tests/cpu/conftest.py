@@ -40,29 +40,19 @@ from pathlib import Path
 
 import pytest
 
-# The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order.
-# Measured (2026-11-27, a fresh clone's whole run, module totals): main_ppo 391 s (its two runs), slurm 300 (its
-# real job, 160 s, carries a killed Gym server: now test_slurm_training), load 255, attach 233, manager_exit 218
-# (with the shared engine's start), attach_training 170 (its run carries a killed policy server), end_to_end_gym_0_4
-# 103: the heavy worker's 31 min were the whole run's wall time, while the other worker idled from about minute 13.
-# So what runs no trainer or engine went to the other worker (test_slurm's stand-in jobs, test_job_failures): 27.2
-# min (2026-11-28), the other worker idle from minute 19.4. test_more_environments then took in the offline blend's
-# seven environments (one stack of 9 environments: about 115 s, where its 2 took 48 s). test_attach_training's run
-# (179 s, 2026-11-28) is gone: its killed policy server is test_main_ppo's resumed run's end, its collect processes
-# run in test_two_nodes' attached job.
-# end_to_end, end_to_end_gym_0_4, more_environments, catalogue, judges, load and attach share one verl vLLM server
-# (the `shared_engine` fixture, about 90 s to start), so they come together: the engine lives only while they run.
-# test_attach started two engines of its own (241 s in all, 2026-11-28) before it used the shared one.
-# Stop 57 (2026-11-29: 28.9 min, the heavy worker to minute 28.8, the other idle from 23.1): test_load's two loads
-# became one, and the manager's lifetime tests (test_manager_exit, test_manager_lifetime), whose policy server only
-# has to answer, run on the other worker over the test support's PolicyStub.
+# The modules that start verl's trainer or vLLM server (see the docstring): one worker runs them in this order, and
+# their sum is the suite's wall time (the other worker ends about 18 minutes earlier; docs/testing.md gives the
+# figures). Trainers first, while the other worker runs its pure modules. Then the modules that share one verl vLLM
+# server (the `shared_engine` fixture, about two minutes to start), together, so that the engine lives only while
+# they run. The manager's lifetime tests, whose policy server only has to answer, are not here: they run on the
+# other worker over the test support's PolicyStub.
 HEAVY_MODULES = (
     "test_main_ppo.py",
     "test_slurm_training.py",
     # Two trainer ranks and two vLLM engines on a three-node Slurm cluster of network namespaces.
     "test_two_nodes.py",
-    # Stacks of NeMo Gym beside verl's vLLM server: beside a trainer they passed Ray's limit too (2026-11-26:
-    # test_slurm's real job OOM-killed at 95.0% while test_more_environments / test_end_to_end ran).
+    # The shared engine's modules: stacks of NeMo Gym beside verl's vLLM server, which beside a trainer pass Ray's
+    # memory limit (a real Slurm job was OOM-killed at 95.0% beside test_more_environments and test_end_to_end).
     "test_end_to_end.py",
     "test_end_to_end_gym_0_4.py",
     "test_more_environments.py",
@@ -78,8 +68,8 @@ HEAVY_MODULES = (
     "test_main_ppo_catalogue.py",
 )
 # Also heavy under `--shuffle`: a module of the other worker that starts a vLLM engine of its own (4.3 GB). In file
-# order it runs beside the heavy worker's lighter modules; a shuffled order put it beside test_attach's two engines
-# (21.9 GiB, 2026-11-28, when test_attach still started its own), so a shuffle runs it on the heavy worker.
+# order it runs beside the heavy worker's lighter modules; in a random order it could run beside another engine and
+# a trainer (two engines at once reached 21.9 GiB), so a shuffle runs it on the heavy worker.
 HEAVY_WHEN_SHUFFLED = ("test_multiturn_http.py",)
 HEAVY_GROUP = "heavy"
 # The folder of the modules that run a training job (verl's main_ppo, a submit script, the launcher): their
@@ -87,8 +77,7 @@ HEAVY_GROUP = "heavy"
 E2E_FOLDER = "e2e"
 # The other modules that start servers (NeMo Gym stacks, our CPU policy server, a Slurm cluster, a stand-in
 # trainer's job): last on the other worker, the ones with the most processes last, and the two that start jobs
-# after the heavy worker's first trainer (the other worker reaches them at about minute 13). Measured (the run
-# above): gym_runtime 234 s, multiturn_http 114, template_matrix 100; the others under 100.
+# after the heavy worker's first trainer.
 SERVER_MODULES = (
     "test_example_environment.py",
     "test_cpu_policy_server.py",

@@ -43,7 +43,7 @@ _SAY = threading.Lock()
 
 def _say(line: str) -> None:
     """One whole line on stdout: the two lanes' threads print at the same moments (both lanes' first lines at once), and
-    `print` writes the text and its newline apart, so two lines unguarded can interleave (seen once, stop 57)."""
+    `print` writes the text and its newline apart, so two lines unguarded can interleave."""
     with _SAY:
         print(line, flush=True)
 

@@ -97,13 +97,6 @@ def cpu_ticks(stat: str) -> tuple[int, int]:
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
-def cpu_seconds(stat: str) -> tuple[float, float]:
-    """`cpu_ticks` in seconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    busy, every = cpu_ticks(stat)
-    return busy / ticks, every / ticks
-
-
 def track_modules(
     spans: dict[str, dict], running: Iterable[str], now: float, used: int, cpu: tuple[float, float] | None = None
 ) -> dict[str, dict]:

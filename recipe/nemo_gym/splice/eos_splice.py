@@ -20,7 +20,7 @@ Rules (each refusal is a `SpliceError` naming the rule and showing the counts):
 1. The prefix render must contain at least one EOS (N >= 1); otherwise the EOS token is not the template's
    turn terminator and counting is meaningless.
 2. Guard: the true prefix without its trailing EOS must contain exactly N - 1 EOS tokens. When the generation
-   ended on EOS this is the brief's "EOS count of the true prefix equals N". A history that was edited after
+   ended on EOS, the true prefix's EOS count is then N. A history that was edited after
    the model saw it (truncated, summarised, a turn inserted, one generated message split into several) changes N
    and is refused, never silently spliced; so is a history that quotes the EOS token's text (the template renders
    it as the token). The refusal says which (`explain_turn_count`) and names the first message that renders

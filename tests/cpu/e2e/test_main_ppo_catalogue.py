@@ -21,8 +21,8 @@ the logits processor plays inside verl's vLLM engine (`scripted_logits.py`) whil
 log-probs. The answers, and why each server scores them so: `tests/support/cpu_policy/catalogue/`.
 
 A run of its own, last on the heavy worker, where nothing runs beside it: in `test_main_ppo`'s first run these servers
-and their judge made that module longer and heavier while the other worker's modules with engines of their own ran
-(`docs/testing.md`, "Timings").
+and their judge made that module twice as long, and slowed the other worker's modules with engines of their own
+beside it (`docs/testing.md`, "Where the suite's time goes").
 """
 
 from __future__ import annotations

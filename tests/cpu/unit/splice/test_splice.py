@@ -206,7 +206,7 @@ def test_find_true_prefix_refuses_generation_split_over_two_assistant_messages()
         find_true_prefix(messages)
 
 
-# -- malformed carriers (issue 12, fault 2) -----------------------------------------------------------------------
+# -- malformed carriers -------------------------------------------------------------------------------------------
 
 
 def test_find_true_prefix_refuses_empty_id_lists_naming_the_message():
@@ -239,7 +239,7 @@ def test_find_true_prefix_refuses_carriers_whose_ids_are_not_one_conversation_na
         find_true_prefix(messages)
 
 
-# -- rule 4: the history's template text is what the model saw (issue 12, fault 1) ---------------------------------
+# -- rule 4: the history's template text is what the model saw -----------------------------------------------------
 # Token IDs stand for text through DECODE; 20-29 are template text, 50-59 the model's generations.
 
 TEXT = {EOS: "<e>", 20: "<sys>", 21: "Be terse.", 22: "Be verbose.", 23: "<user>", 24: "hi", 25: "ok", 26: "<bot>"}
@@ -391,7 +391,7 @@ def test_rule_4_refuses_text_appended_to_a_user_message_just_before_a_reasoning_
         )
 
 
-# -- the turn terminator and generation prompt from probe renders (issue 12, fault 3) ---------------------------
+# -- the turn terminator and generation prompt from probe renders -----------------------------------------------
 
 
 def test_read_generation_prompt_splits_the_reasoning_opening_from_the_shared_header():

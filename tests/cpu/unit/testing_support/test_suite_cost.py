@@ -15,7 +15,7 @@ from tests.support.suite_cost import (
     GIB,
     ModuleCost,
     RunCost,
-    cpu_seconds,
+    cpu_ticks,
     format_report,
     format_speeds,
     largest_processes,
@@ -157,9 +157,8 @@ def test_each_modules_span_and_the_peak_memory_while_it_ran_are_tracked_and_repo
 
 
 def test_the_machines_cpu_time_is_read_busy_and_in_all_from_proc_stat():
-    ticks = os.sysconf("SC_CLK_TCK")
-    stat = f"cpu  {4 * ticks} {ticks} {2 * ticks} {10 * ticks} {3 * ticks} 0 {ticks} 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
-    assert cpu_seconds(stat) == (8.0, 21.0)  # user + nice + system + softirq busy; idle and iowait not
+    stat = "cpu  400 100 200 1000 300 0 100 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert cpu_ticks(stat) == (800, 2100)  # user + nice + system + softirq busy; idle and iowait not
 
 
 def test_each_modules_share_of_busy_cpu_time_and_the_runs_are_reported():
