@@ -29,6 +29,11 @@ when it is built, in verl's TaskRunner, the process that computes advantages. Wi
 set to a file path, every call appends one JSON line with each row's uid, score, validity and advantage: a way to
 audit a step.
 
+The loss is exact for a failed row under verl's `token-mean` (its default) and `token-sum` aggregation, which count
+tokens. Its `seq-mean-*` modes divide by every row of the mini-batch (`ppo_mini_batch_size × rollout.n`, verl 0.9.1's
+`ray_trainer.py`), failed rows included, so there each failed episode scales the step's loss by the share of valid
+rows; `loss_agg_mode_warning` is the start-up warning the manager logs for them.
+
 No Ray, HTTP or vLLM here: torch, numpy and verl's `core_algos`.
 """
 
@@ -179,6 +184,20 @@ def plain_estimator_warning(adv_estimator: str) -> str | None:
     return (
         f"algorithm.adv_estimator={name}: a failed NeMo Gym episode's reward 0 enters its group's baseline and shifts "
         f"its siblings' advantages; set algorithm.adv_estimator={PREFIX}{name} to compute it over valid episodes only"
+    )
+
+
+SEQUENCE_MEAN_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def loss_agg_mode_warning(loss_agg_mode: str) -> str | None:
+    """The start-up warning for a verl loss aggregation that counts failed rows (the `seq-mean-*` modes), else None."""
+    if loss_agg_mode not in SEQUENCE_MEAN_MODES:
+        return None
+    return (
+        f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}: verl divides the loss by every row of a mini-batch, "
+        "failed NeMo Gym episodes included, so each failed episode scales the step's loss by the share of valid rows; "
+        "token-mean (verl's default) and token-sum are exact"
     )
 
 

@@ -66,7 +66,12 @@ import numpy as np
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
-from recipe.nemo_gym.advantages import FAILURE_AWARE, plain_estimator_warning, register_failure_aware_estimators
+from recipe.nemo_gym.advantages import (
+    FAILURE_AWARE,
+    loss_agg_mode_warning,
+    plain_estimator_warning,
+    register_failure_aware_estimators,
+)
 from recipe.nemo_gym.config import NeMoGymConfig, load_config
 from recipe.nemo_gym.data_check import DataFilesError, check_data_files, configured_files
 from recipe.nemo_gym.dataset import ROW_KEY, prompt_messages
@@ -149,6 +154,8 @@ class NeMoGymAgentLoopManager:
         # verl computes advantages in this process (the TaskRunner): the failure-aware estimators must be known here.
         register_failure_aware_estimators(self.plugin_config.failures.min_valid_per_group)
         if (warning := plain_estimator_warning(self.adv_estimator)) is not None:
+            logger.warning("NeMo Gym: %s (recipe/nemo_gym/advantages.py)", warning)
+        if (warning := loss_agg_mode_warning(_loss_agg_mode(config))) is not None:
             logger.warning("NeMo Gym: %s (recipe/nemo_gym/advantages.py)", warning)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -392,6 +399,14 @@ def _adv_estimator(config: Any) -> str:
     algorithm = config.get("algorithm") if hasattr(config, "get") else None
     name = algorithm.get("adv_estimator") if algorithm is not None else None
     return str(getattr(name, "value", name or ""))
+
+
+def _loss_agg_mode(config: Any) -> str:
+    """verl's `actor_rollout_ref.actor.loss_agg_mode` ("" when the config has none)."""
+    section = config
+    for key in ("actor_rollout_ref", "actor"):
+        section = section.get(key) if hasattr(section, "get") else None
+    return str(section.get("loss_agg_mode") or "") if section is not None else ""
 
 
 def _gdpo_reward_keys(config: Any, adv_estimator: str) -> tuple[str, ...]:

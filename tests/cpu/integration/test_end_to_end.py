@@ -106,10 +106,15 @@ def training(stacks, stack):
     return stacks.cache["training"]
 
 
+def _failed(results) -> list[int]:
+    """Batch rows the manager masked: only those `test_only_math_checks_without_a_verdict_fail` allows."""
+    return [i for i, result in enumerate(results) if isinstance(result, EpisodeFailure)]
+
+
 def _scored(results) -> list[int]:
-    """Batch rows NeMo Gym scored: all of them but the masked ones `test_only_math_checks_without_a_verdict_fail`
-    allows."""
-    return [i for i, result in enumerate(results) if not isinstance(result, EpisodeFailure)]
+    """Batch rows NeMo Gym scored: all of them but the masked ones."""
+    failed = set(_failed(results))
+    return [i for i in range(len(results)) if i not in failed]
 
 
 def _calls(result):
@@ -141,7 +146,7 @@ def test_rows_come_back_in_input_order_with_their_environment(training, stack):
 
 def test_only_math_checks_without_a_verdict_fail_and_their_rows_are_masked(training):
     _, output, results = training
-    failed = [i for i, result in enumerate(results) if isinstance(result, EpisodeFailure)]
+    failed = _failed(results)
     for i in failed:
         assert results[i].cause is FailureCause.ENVIRONMENT_FAILED, results[i]
         assert "math-verify check gave no verdict" in results[i].detail, results[i]
@@ -217,7 +222,7 @@ def test_verl_grpo_advantage_and_policy_loss_are_finite_and_only_on_generated_to
     _, output, results = training
     # verl's own estimator knows no masked row: it sees the groups whose episodes were all scored.
     uids = output.non_tensor_batch["uid"]
-    masked = {uids[i] for i, result in enumerate(results) if isinstance(result, EpisodeFailure)}
+    masked = {uids[i] for i in _failed(results)}
     output = output.select_idxs([uid not in masked for uid in uids])
     mask = output.batch["response_mask"]
     scores = output.batch["rm_scores"]

@@ -21,8 +21,10 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from recipe.nemo_gym import advantages
 from recipe.nemo_gym.advantages import (
     FAILURE_AWARE,
+    SEQUENCE_MEAN_MODES,
     WRAPPED,
     groups_short_of_valid,
+    loss_agg_mode_warning,
     plain_estimator_warning,
     register_failure_aware_estimators,
 )
@@ -179,3 +181,22 @@ def test_a_plain_group_estimator_gets_a_warning_naming_its_failure_aware_variant
     )
     assert plain_estimator_warning("nemo_gym_rloo") is None
     assert plain_estimator_warning("gae") is None  # rows are independent: nothing to warn about
+
+
+def test_verls_sequence_mean_loss_counts_a_failed_row_and_token_mean_does_not():
+    """What `loss_agg_mode_warning` warns of, on verl's own `agg_loss` with the global batch size its trainer passes
+    (every row of the mini-batch): 3 valid rows and one failed (mask all 0)."""
+    agg_loss = core_algos.agg_loss
+    loss = torch.tensor([[1.0, 1.0, 0.0], [2.0, 0.0, 0.0], [3.0, 3.0, 3.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float32)
+    valid = slice(0, 3)
+    without_failed = agg_loss(loss[valid], mask[valid], "seq-mean-token-mean", global_batch_size=3)
+    assert without_failed.item() == pytest.approx((1.0 + 2.0 + 3.0) / 3)
+    with_failed = agg_loss(loss, mask, "seq-mean-token-mean", global_batch_size=4)
+    assert with_failed.item() == pytest.approx(without_failed.item() * 3 / 4)
+    tokens = int(mask.sum())
+    assert agg_loss(loss, mask, "token-mean", batch_num_tokens=tokens).item() == pytest.approx(
+        agg_loss(loss[valid], mask[valid], "token-mean", batch_num_tokens=tokens).item()
+    )
+    assert [m for m in SEQUENCE_MEAN_MODES if loss_agg_mode_warning(m) is None] == []
+    assert loss_agg_mode_warning("token-mean") is None and loss_agg_mode_warning("token-sum") is None

@@ -239,6 +239,21 @@ def test_a_plain_verl_group_estimator_gets_one_warning_at_start_up(setup, plugin
     ]
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
+def test_a_sequence_mean_loss_mode_gets_one_warning_at_start_up_and_token_mean_none(setup, plugin_caplog, mode):
+    config = setup["config"].copy()
+    config.actor_rollout_ref.actor.loss_agg_mode = mode
+    with plugin_caplog.at_level(logging.WARNING, logger="recipe.nemo_gym.agent_loop"):
+        NeMoGymAgentLoopManager(config, llm_client=None)
+    warnings = [r.getMessage() for r in plugin_caplog.records if "loss_agg_mode" in r.getMessage()]
+    expected = [
+        "NeMo Gym: actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean: verl divides the loss by every row of a "
+        "mini-batch, failed NeMo Gym episodes included, so each failed episode scales the step's loss by the share "
+        "of valid rows; token-mean (verl's default) and token-sum are exact (recipe/nemo_gym/advantages.py)"
+    ]
+    assert warnings == (expected if mode.startswith("seq-mean") else [])
+
+
 def test_under_gdpo_the_manager_asks_each_result_for_the_reward_keys_gdpo_reads_and_refuses_none():
     from omegaconf import OmegaConf
 
