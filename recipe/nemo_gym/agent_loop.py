@@ -155,7 +155,8 @@ class NeMoGymAgentLoopManager:
         register_failure_aware_estimators(self.plugin_config.failures.min_valid_per_group)
         if (warning := plain_estimator_warning(self.adv_estimator)) is not None:
             logger.warning("NeMo Gym: %s (recipe/nemo_gym/advantages.py)", warning)
-        if (warning := loss_agg_mode_warning(_loss_agg_mode(config))) is not None:
+        loss_agg_mode = config.actor_rollout_ref.get("actor", {}).get("loss_agg_mode", "")
+        if (warning := loss_agg_mode_warning(loss_agg_mode)) is not None:
             logger.warning("NeMo Gym: %s (recipe/nemo_gym/advantages.py)", warning)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -399,14 +400,6 @@ def _adv_estimator(config: Any) -> str:
     algorithm = config.get("algorithm") if hasattr(config, "get") else None
     name = algorithm.get("adv_estimator") if algorithm is not None else None
     return str(getattr(name, "value", name or ""))
-
-
-def _loss_agg_mode(config: Any) -> str:
-    """verl's `actor_rollout_ref.actor.loss_agg_mode` ("" when the config has none)."""
-    section = config
-    for key in ("actor_rollout_ref", "actor"):
-        section = section.get(key) if hasattr(section, "get") else None
-    return str(section.get("loss_agg_mode") or "") if section is not None else ""
 
 
 def _gdpo_reward_keys(config: Any, adv_estimator: str) -> tuple[str, ...]:

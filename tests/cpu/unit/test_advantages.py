@@ -194,6 +194,9 @@ def test_verls_sequence_mean_loss_counts_a_failed_row_and_token_mean_does_not():
     assert without_failed.item() == pytest.approx((1.0 + 2.0 + 3.0) / 3)
     with_failed = agg_loss(loss, mask, "seq-mean-token-mean", global_batch_size=4)
     assert with_failed.item() == pytest.approx(without_failed.item() * 3 / 4)
+    for mode in SEQUENCE_MEAN_MODES:  # every mode the warning names counts the failed row so
+        alone = agg_loss(loss[valid], mask[valid], mode, global_batch_size=3).item()
+        assert agg_loss(loss, mask, mode, global_batch_size=4).item() == pytest.approx(alone * 3 / 4), mode
     tokens = int(mask.sum())
     assert agg_loss(loss, mask, "token-mean", batch_num_tokens=tokens).item() == pytest.approx(
         agg_loss(loss[valid], mask[valid], "token-mean", batch_num_tokens=tokens).item()
