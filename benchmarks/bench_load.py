@@ -356,7 +356,7 @@ def emfile_lines(paths: list[Path]) -> list[str]:
     return hits
 
 
-def plugin_yaml(
+def environments_file(
     path: Path,
     env: Environment,
     *,
@@ -481,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         script = policy.to_file(tmp / "script.json")
         rows = [scripted_row(row, script) for row in rows]
     data = write_jsonl(rows, tmp / "rows.jsonl")
-    config_path = plugin_yaml(
+    config_path = environments_file(
         tmp / "plugin.yaml",
         env,
         head_port=args.head_port or pick_free_port(),
@@ -607,7 +607,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if manager is not None:
                 manager.shutdown()
             report["emfile_lines"] = emfile_lines([*sorted((tmp / "logs").glob("*.log")), *logs])
-            shutil.rmtree(tmp, ignore_errors=True)  # rows, plugin YAML and Gym's logs, read above
+            shutil.rmtree(tmp, ignore_errors=True)  # rows, environments file and Gym's logs, read above
     return report
 
 

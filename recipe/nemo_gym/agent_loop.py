@@ -6,7 +6,7 @@ Loaded by verl's trainer (`trainer.use_v1=false`) through
 and created with verl's own call `create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`.
 
 Contract with verl (see the README, "How it works"):
-- `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
+- `create` reads the environments file at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
   servers verl already launched and the model name they serve, and connects to NeMo Gym (`gym/connect.py`): it
   starts Gym from its own Python environment (`nemo_gym.environment`) as a process tree of its own, offline, with
   its own Ray, within `timeouts.startup_s` (`gym/owned/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym
@@ -144,7 +144,7 @@ class NeMoGymAgentLoopManager:
         self.rollout_config = config.actor_rollout_ref.rollout
         path = self.rollout_config.agent.get("agent_loop_config_path")
         if not path:
-            raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the plugin YAML")
+            raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the environments file")
         self.config_path = str(path)
         self.plugin_config: NeMoGymConfig = load_config(path)
         self.llm_client = llm_client
@@ -168,7 +168,7 @@ class NeMoGymAgentLoopManager:
         self._gym: Gym | None = None
         self._connection: GymConnection | None = None
         self.agent_names: frozenset[str] = frozenset()
-        # Results are read into episodes by collect processes when the plugin config asks for them.
+        # Results are read into episodes by collect processes when the environments file asks for them.
         processes = self.plugin_config.nemo_gym.collect_processes
         self.reading = (
             EpisodeReading(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None

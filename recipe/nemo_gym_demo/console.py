@@ -2,7 +2,7 @@
 """A CPU job on this machine through the launcher, with the console the demo shows.
 
 `write_job(spec)` writes `<out>/job.yaml`, a job file of the launcher (`backend: cpu`, `recipe/nemo_gym/launch/`),
-and the plugin YAML it names; `run_job(spec)` runs `python -m recipe.nemo_gym.launch run <out>/job.yaml` (which
+and the environments file it names; `run_job(spec)` runs `python -m recipe.nemo_gym.launch run <out>/job.yaml` (which
 checks the job, composes verl's command, runs `main_ppo` and supervises it) and returns once it has ended, with
 verl's own per-step metrics (verl's `file` logger, JSONL). Nothing here composes verl's arguments or supervises the
 trainer: the launcher does both, for this console as for a Slurm job.
@@ -63,7 +63,7 @@ class JobSpec:
     out_dir: Path
     model_dir: Path
     agent_loop_config: Path
-    """The plugin YAML; copied into `out_dir` with NeMo Gym's log folder and head server port set."""
+    """The environments file; copied into `out_dir` with NeMo Gym's log folder and head server port set."""
     train_files: Sequence[Path]
     val_files: Sequence[Path]
     steps: int
@@ -170,7 +170,7 @@ def hold_output_folder(out_dir: Path) -> Iterator[Path]:
 
 def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
     """The launcher's job (see `jobs/math.yaml` for every key) that `spec` describes, with `environments` as its
-    plugin YAML."""
+    environments file."""
     return {
         "backend": "cpu",
         "model": str(spec.model_dir),
@@ -209,7 +209,7 @@ def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
 
 
 def write_job(spec: JobSpec) -> Path:
-    """Write the plugin YAML with NeMo Gym's log folder and head server port (`<out>/agent_loop.yaml`: NeMo Gym's
+    """Write the environments file with NeMo Gym's log folder and head server port (`<out>/agent_loop.yaml`: NeMo Gym's
     servers log to files, not the console), unless it attaches to a Gym started elsewhere, then the job file."""
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(spec.agent_loop_config.read_text())

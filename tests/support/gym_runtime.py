@@ -3,7 +3,7 @@
 
 In production the agent loop manager creates the one `BackgroundLoop`, hands it to `connect_gym` and awaits
 `gym.connection.collect` on it. Tests that drive a Gym directly have no manager, so:
-- `gym_config(config_paths, head_port, ...)` is the validated plugin YAML for them (`NeMoGymConfig`), the training
+- `gym_config(config_paths, head_port, ...)` is the validated environments file for them (`NeMoGymConfig`), the training
   model server's config put first, as the shipped YAMLs do.
 - `start_gym(config, policy)` starts a `LoopOwningGym`: an `OwnedGym` on a `BackgroundLoop` it owns, closed by
   its `shutdown()` after the Gym's own teardown (and so also at interpreter exit, through the exit hooks).
@@ -16,7 +16,7 @@ For the OwnedGym tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
 in the prompt (`PolicyStub`; `stub_math_row` writes them).
 
 For tests of the agent loop manager's Gym (`test_manager_exit.py`, `test_manager_lifetime.py`): the manager reads
-its plugin YAML from a file, which `write_math_plugin(path, head_port, ...)` writes for the math environment; their
+its environments file, which `write_math_plugin(path, head_port, ...)` writes for the math environment; their
 policy is a `PolicyStub` too (`tests/cpu/conftest.py`'s `policy_stub_address`).
 """
 
@@ -43,7 +43,7 @@ MATH_CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
 
 
 def write_math_plugin(path: Path, head_port: int, *, log_dir: Path | None = None) -> Path:
-    """The plugin YAML of NeMo Gym's math environment over the training model server, its head server on
+    """The environments file of NeMo Gym's math environment over the training model server, its head server on
     `head_port` (tests find its processes by it), at `path`."""
     logs = f"  log_dir: {log_dir}\n" if log_dir else ""
     path.write_text(
@@ -59,7 +59,7 @@ def write_math_plugin(path: Path, head_port: int, *, log_dir: Path | None = None
 def gym_config(
     config_paths: Sequence[str], head_port: int, *, timeouts: Mapping[str, Any] | None = None, **nemo_gym: Any
 ) -> NeMoGymConfig:
-    """The plugin YAML for a Gym of these environments on `head_port` (`nemo_gym` keys and `timeouts` as given)."""
+    """The environments file for a Gym of these environments on `head_port` (`nemo_gym` keys, `timeouts` as given)."""
     paths = [TRAINING_MODEL_SERVER_CONFIG, *(p for p in config_paths if p != TRAINING_MODEL_SERVER_CONFIG)]
     section = {"config_paths": paths, "head_server": {"port": head_port}, **nemo_gym}
     return NeMoGymConfig.model_validate({"nemo_gym": section, "timeouts": dict(timeouts or {})})

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """NeMo Gym run out of process (its own Python environment, its own process tree and Ray), used over HTTP.
 
-The manager gets a connected Gym from one place, `connect.connect_gym`, which reads the validated plugin YAML. The
+The manager gets a connected Gym from one place, `connect.connect_gym`, which reads the validated environments file. The
 rest is cut by what a reader asks:
 
 - "How do we talk to a running Gym, whoever started it?" `over_http/`: the head server and where each agent's rows go

@@ -5,11 +5,11 @@ The plugin starts, signals and stops no process of an attached Gym: the trainer'
 (SIGKILL included), leaves it running for the next trainer.
 
 Contract:
-- `AttachedGym.attach(config, policy, loop=..., relay_host=...)` takes the validated plugin YAML (`nemo_gym.attach`,
-  `timeouts`) and verl's policy servers. It waits, within `timeouts.startup_s`, until the head server at
-  `attach.head_server_url` lists its servers and every one answers HTTP (Gym may still be starting when the
-  trainer is). It then reads the configuration and refuses, naming the key and the fix (`GymConfigError`), one
-  whose rows could not be run, scored (`GymConnection.adopt`) or trained on (`policy_handover`): the policy model
+- `AttachedGym.attach(config, policy, loop=..., relay_host=...)` takes the validated environments file
+  (`nemo_gym.attach`, `timeouts`) and verl's policy servers. It waits, within `timeouts.startup_s`, until the head
+  server at `attach.head_server_url` lists its servers and every one answers HTTP (Gym may still be starting when the
+  trainer is). It then reads the configuration and refuses, naming the key and the fix (`GymConfigError`), one whose
+  rows could not be run, scored (`GymConnection.adopt`) or trained on (`policy_handover`): the policy model
   server must exist, have an `endpoint_file` (Gym 0.7's `vllm_model`; absolute, or `attach.endpoint_file` given),
   return token IDs, and ask for the model verl serves. Rows then reach it through `connection`
   (`over_http.connection.GymConnection`).

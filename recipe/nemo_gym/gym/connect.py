@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`connect_gym`: the one way the manager gets a NeMo Gym, from the validated plugin YAML and verl's policy servers.
+"""`connect_gym`: the one way the manager gets a NeMo Gym, from the validated environments file and verl's policy
+servers.
 
 Contract:
 - Without `nemo_gym.attach`, the plugin starts Gym and owns its process tree (`owned/launch.py`, `OwnedGym`);

@@ -9,7 +9,7 @@ the bridge's address. Nothing is replaced: the jobs are submitted the way users 
   (offline venv links are the one difference), running the repository's `uppercase_share` environment.
 - The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`, submitted right after the Gym's, as users
   submit the two: the plugin waits for the Gym while its own start-up runs): a `backend: cpu` job with `cluster.nnodes:
-  2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
+  2` and the attach environments file naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
   puts a relay in front of the two servers and hands Gym its address, and its two collect processes
   (`nemo_gym.collect_processes: 2`) post the rows to the CPU node's Gym and read the results.

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin YAML: shipped configs load, bad keys and unset variables are named."""
+"""The environments file: shipped configs load, bad keys and unset variables are named."""
 
 import pytest
 

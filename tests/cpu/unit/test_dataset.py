@@ -118,8 +118,8 @@ def test_verl_loads_the_class_through_data_custom_cls(tmp_path):
 
 
 def test_in_a_job_verl_building_the_dataset_refuses_every_bad_row_of_train_and_val_files(tmp_path):
-    """`main_ppo` builds the datasets before it starts a worker: with the recipe's overrides (the plugin YAML named
-    in `data.nemo_gym_config`) every row of both files is checked then, as verl builds the training dataset."""
+    """`main_ppo` builds the datasets before it starts a worker: with the recipe's overrides (the environments file
+    named in `data.nemo_gym_config`) every row of both files is checked then, as verl builds the training dataset."""
     train = write(tmp_path / "train.jsonl", [row(0), "{cut short", row(2)])
     val = write(tmp_path / "val.jsonl", [row(3), {"agent_ref": {"name": "env1"}}])
     plugin = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "uppercase.yaml"

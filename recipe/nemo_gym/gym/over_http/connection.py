@@ -147,7 +147,7 @@ class GymConnection:
         """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
         With `reading`, rows are posted and read into episodes by collect processes (see the module docstring).
 
-        The times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
+        The times come from the environments file (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
         the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
         `attempts` receives each row's number of runs: see `collect.run_examples_in_order`)."""
         if self.closed:

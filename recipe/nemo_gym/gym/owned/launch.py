@@ -2,22 +2,23 @@
 """`OwnedGym`: one NeMo Gym configuration the plugin starts out of process, supervises and stops, leaving nothing.
 
 Contract:
-- `OwnedGym.start(config, policy, loop=...)` takes the validated plugin YAML (`config.NeMoGymConfig`) and verl's policy
-  servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release, 0.4.x or 0.7.x,
-  is read from it, and any other is refused naming it), checks that every config path exists and that the head server's
-  port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4) from that environment as a process
-  tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`, under
-  `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers), offline
-  (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym
-  reads the plugin's keys last (`job_config.global_config`; with them the judge's, `job_config.judge_overrides`, which
-  also refuses a resources server whose judge no config defines before anything starts). It returns once the head server
-  lists the servers and every one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the
-  deadline passes, everything started is stopped and the error names what failed and shows the last lines of its log. A
-  head server that could not bind its port (taken between the check and Gym's bind) is named as soon as the launcher
-  logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is
-  retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and a few seconds apart: Gym's launcher
-  ending because its Ray missed Ray's fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause
-  (twice in a row, on a 2-core machine starting two other Rays) and a later start does not meet again.
+- `OwnedGym.start(config, policy, loop=...)` takes the validated environments file (`config.NeMoGymConfig`) and verl's
+  policy servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release, 0.4.x or
+  0.7.x, is read from it, and any other is refused naming it), checks that every config path exists and that the head
+  server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4) from that environment as a
+  process tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`,
+  under `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers),
+  offline (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a
+  venv). Gym reads the plugin's keys last (`job_config.global_config`; with them the judge's,
+  `job_config.judge_overrides`, which also refuses a resources server whose judge no config defines before anything
+  starts). It returns once the head server lists the servers and every one answers HTTP, within `timeouts.startup_s`. If
+  the launcher or a server dies, or the deadline passes, everything started is stopped and the error names what failed
+  and shows the last lines of its log. A head server that could not bind its port (taken between the check and Gym's
+  bind) is named as soon as the launcher logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until
+  the deadline. One start-up failure is retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and
+  a few seconds apart: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline (`missed_ray_start`),
+  which a CPU-starved node can cause (twice in a row, on a 2-core machine starting two other Rays) and a later start
+  does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.
@@ -156,7 +157,7 @@ class OwnedGym:
         self.config = config
         self.policy = policy
         self.loop = loop  # borrowed: see the module docstring
-        self.overrides = overrides  # Gym's global-config keys from the plugin YAML (`job_config.gym_overrides`)
+        self.overrides = overrides  # Gym's global-config keys from the environments file (`job_config.gym_overrides`)
         self.connection: GymConnection | None = None
         self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None

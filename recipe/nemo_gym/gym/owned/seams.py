@@ -74,7 +74,7 @@ def check_config_paths(paths: Sequence[str], cwd: Path, install_root: Path) -> l
 
 
 def section_root(section: NeMoGymSection) -> Path:
-    """NeMo Gym's root for the plugin config's `nemo_gym` section: its `root` when set, else the root of the Gym
+    """NeMo Gym's root for the environments file's `nemo_gym` section: its `root` when set, else the root of the Gym
     environment it names (`nemo_gym_install_root`)."""
     if section.root is not None:
         return section.root

@@ -7,7 +7,7 @@ Resources servers (the first table):
   the rows to remove.
 - Every status is "runs here: ...", "judge: ..." (an LLM judge scores it; "...; runs here with the plugin's judge:
   ..." when it runs here), "needs: ..." (the page's kinds of need) or "candidate: nothing blocking found (not run)".
-- Every row that runs here names test files that exist and a shipped plugin config (`recipe/nemo_gym/configs/`)
+- Every row that runs here names test files that exist and a shipped environments file (`recipe/nemo_gym/configs/`)
   that starts the server's own config, or a test that mentions the server; the counts in the page's sentence ("75 of
   the 145 ...: 50 scored by code, 25 by an LLM judge") are the table's.
 
@@ -264,7 +264,7 @@ def _wrong_needs(row: Row, kinds: tuple[str, ...], locked: set[str]) -> list[str
 
 
 def _shipped_configs_start(row: Row, servers: set[str]) -> list[str]:
-    """The shipped plugin configs the row's status names that start one of `servers` (their folders' configs)."""
+    """The shipped environments files the row's status names that start one of `servers` (their folders' configs)."""
     found = []
     for config in SHIPPED_CONFIG.findall(row.status):
         paths = yaml.safe_load((REPO / config).read_text())["nemo_gym"]["config_paths"]
