@@ -199,7 +199,6 @@ def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
             "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
             "actor_rollout_ref.rollout.agent.num_workers=1",
             "algorithm.use_kl_in_reward=false",
-            "data.dataloader_num_workers=0",
             f"data.seed={spec.seed}",
             f"trainer.resume_mode={'auto' if spec.resume else 'disable'}",
             f"hydra.run.dir={spec.out_dir / 'hydra'}",

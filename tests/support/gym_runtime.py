@@ -33,8 +33,8 @@ import psutil
 from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.over_http.collect import RowOutcome
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned.launch import OwnedGym
+from recipe.nemo_gym.gym.types import PolicyServers
 from tests.support.helpers import ChatCompletionStub, chat_completion, math_row, nemo_gym_processes
 
 TRAINING_MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"

@@ -48,10 +48,11 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym import exit_hooks
 from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance, get_json
-from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch, wait_until_answering
 from recipe.nemo_gym.gym.owned.watchdog import Watchdog
 from recipe.nemo_gym.gym.relay import PolicyRelay
+from recipe.nemo_gym.gym.types import PolicyServers
 from recipe.nemo_gym.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)

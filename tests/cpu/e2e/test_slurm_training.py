@@ -102,7 +102,6 @@ def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job
         slurm,
         tmp_path,
         SUBMIT,
-        "data.dataloader_num_workers=0",
         TEST_KV_CACHE,
         timeout_s=1500,
         while_running=kill_after_step_1(slurm, tmp_path / "job-%j.log", "math_with_judge"),

@@ -213,7 +213,7 @@ def run(nodes, tmp_path_factory):
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
             # Each node's engine holds the tests' 128 MiB of KV cache: at the CPU backend's 512, two engines' 1 GiB
             # was resident beside the other worker's modules (the suite's peak, 17.1 GiB, 2026-11-29).
-            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0", TEST_KV_CACHE],
+            verl_overrides=["data.shuffle=false", TEST_KV_CACHE],
         )
         kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
         servers = []

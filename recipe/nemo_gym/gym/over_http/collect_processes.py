@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
+from recipe.nemo_gym.gym.types import EpisodeReading
 from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 
 logger = logging.getLogger(__name__)
@@ -59,16 +60,6 @@ _STOP_S = 5.0
 _READY_S = 60.0
 # The repository root, which holds the `recipe` package: the children import this module from it.
 _REPOSITORY = Path(__file__).resolve().parents[4]
-
-
-@dataclass(frozen=True)
-class EpisodeReading:
-    """How results are read into episodes where they arrive: by `processes` collect processes, with the trainer's
-    prompt length and the reward components it requires (`packing.episode.read_episode`)."""
-
-    processes: int
-    max_prompt_length: int | None = None
-    required_components: tuple[str, ...] = ()
 
 
 def split_limits(connector_limits: Mapping[str, Any], count: int) -> dict[str, int]:
@@ -238,8 +229,7 @@ class CollectProcesses:
 
 
 async def _serve(sock: socket.socket, settings: Mapping[str, Any]) -> None:
-    from recipe.nemo_gym.gym.over_http.client import post_row
-    from recipe.nemo_gym.gym.over_http.connection import client_session
+    from recipe.nemo_gym.gym.over_http.client import client_session, post_row
     from recipe.nemo_gym.packing.episode import read_episode
 
     reader, writer = await asyncio.open_connection(sock=sock)

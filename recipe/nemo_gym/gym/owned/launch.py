@@ -56,7 +56,7 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym import exit_hooks
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance
-from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import wait_until_answering
 from recipe.nemo_gym.gym.owned import seams
 from recipe.nemo_gym.gym.owned.environment import (
@@ -84,6 +84,7 @@ from recipe.nemo_gym.gym.owned.liveness import (
 )
 from recipe.nemo_gym.gym.owned.processes import ProcessTree, exit_description
 from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.types import PolicyServers
 from recipe.nemo_gym.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,6 @@ from recipe.nemo_gym.gym.over_http.client import (
     run_targets,
 )
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order, validate_examples
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned import launch
 from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
 from recipe.nemo_gym.gym.owned.launch import (
@@ -54,6 +53,7 @@ from recipe.nemo_gym.gym.owned.seams import (
     server_dirs,
     write_interpreter_shim,
 )
+from recipe.nemo_gym.gym.types import PolicyServers
 from recipe.nemo_gym.limits import ConnectionLimits
 from tests.support.gym_runtime import MATH_CONFIG as MATH
 from tests.support.gym_runtime import WORKPLACE_CONFIG as WORKPLACE

@@ -11,7 +11,6 @@ import pytest
 from recipe.nemo_gym.config import NeMoGymConfig, NeMoGymSection
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.gym.errors import GymConfigError
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned.job_config import judge_overrides, judge_settings
 from recipe.nemo_gym.gym.owned.judge import (
     JUDGE_SERVER,
@@ -21,6 +20,7 @@ from recipe.nemo_gym.gym.owned.judge import (
     judge_references,
     undefined_judges,
 )
+from recipe.nemo_gym.gym.types import PolicyServers
 
 POLICY = PolicyServers(("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"), "/models/qwen3")
 FILES = [Path("simpleqa.yaml")]
