@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 import psutil
 import yaml
 
-from recipe.nemo_gym.limits import (
+from recipe.nemo_gym.gym.over_http.limits import (
     LIMIT_KEY,
     LIMIT_PER_HOST_KEY,
     NEMO_GYM_DEFAULT_LIMIT,

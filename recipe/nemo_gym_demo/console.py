@@ -40,9 +40,9 @@ from typing import Any
 
 import yaml
 
-from recipe.nemo_gym.gym.owned.launch import RAY_START_TIMEOUT
 from recipe.nemo_gym.launch.compose import TRAINER_MODULE
 from recipe.nemo_gym.ports import pick_free_port
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_MARKER = "NeMo Gym rollout:"
@@ -227,7 +227,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     with hold_output_folder(spec.out_dir):
         write_job(spec)
         result, head = _run_once(spec, console, timeout_s, append=spec.resume)
-        if missed_ray_start(result, head):
+        if trainer_missed_ray_start(result, head):
             console(f"main_ppo: Ray's local node missed its 30 s start-up deadline ({RAY_START_TIMEOUT!r}); once more")
             result, _ = _run_once(spec, console, timeout_s, append=True)
     if result.exit_status != 0:
@@ -235,10 +235,10 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     return result
 
 
-def missed_ray_start(result: JobResult, start_up_output: str) -> bool:
+def trainer_missed_ray_start(result: JobResult, start_up_output: str) -> bool:
     """The trainer failed before any step, with Ray's start-up deadline message in its output."""
     failed = result.exit_status != 0 and result.exit_status < 128  # not stopped by a signal
-    return failed and not result.steps and RAY_START_TIMEOUT in start_up_output
+    return failed and not result.steps and missed_ray_start(start_up_output)
 
 
 def launcher_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:

@@ -27,7 +27,7 @@ Contract:
   the policy as unpublished instead of retrying a dead address), and closes the connection. Idempotent; also run
   at interpreter exit, and `kill_now()` (the unpublishing) on SIGTERM (`exit_hooks.py`). Nothing else: no Gym
   process is touched. A trainer that dies before any of these runs (SIGKILL; Ray SIGKILLs its TaskRunner about
-  0.1 s after SIGTERM) has its address withdrawn all the same, by an `owned.watchdog.Watchdog` started before the
+  0.1 s after SIGTERM) has its address withdrawn all the same, by an `watchdog.Watchdog` started before the
   address was published (`clear_on_exit`), which empties the file if it still holds that address.
 """
 
@@ -50,10 +50,10 @@ from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance, get_json
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch, wait_until_answering
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.relay import PolicyRelay
 from recipe.nemo_gym.gym.types import PolicyServers
-from recipe.nemo_gym.limits import ConnectionLimits
+from recipe.nemo_gym.gym.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 

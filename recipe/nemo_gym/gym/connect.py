@@ -24,9 +24,9 @@ from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.attach import AttachedGym
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits, current_nofile_limits, derive_connection_limits
 from recipe.nemo_gym.gym.owned.launch import OwnedGym
 from recipe.nemo_gym.gym.types import PolicyServers
-from recipe.nemo_gym.limits import ConnectionLimits, current_nofile_limits, derive_connection_limits
 
 logger = logging.getLogger(__name__)
 

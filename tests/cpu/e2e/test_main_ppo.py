@@ -47,7 +47,7 @@ import yaml
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
-from recipe.nemo_gym.leftovers import candidates, held_files, orphans
+from recipe.nemo_gym.launch.leftovers import candidates, held_files, orphans
 from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.leftovers import candidates, held_files, orphans
+from recipe.nemo_gym.launch.leftovers import candidates, held_files, orphans
 from tests.support.engine import TEST_KV_CACHE
 from tests.support.helpers import processes_with_env
 from tests.support.slurm_jobs import SUBMIT, job_failure, submit_ray_job, wait_for_step, write_job

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.over_http.outcomes import (
     context_overflow_failure,
     missing_verdict_failure,
@@ -39,7 +40,6 @@ from recipe.nemo_gym.gym.over_http.outcomes import (
     server_error_failure,
 )
 from recipe.nemo_gym.gym.replicas import LeastBusy
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 ENVIRONMENT_SERVER_TYPE = "environment_servers"

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.types import EpisodeReading
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from recipe.nemo_gym.config import Judge, NeMoGymSection
 from recipe.nemo_gym.gym.errors import GymConfigError
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.owned.judge import JudgeSettings, judge_keys, judge_references, undefined_judges
 from recipe.nemo_gym.gym.replicas import replica_overrides
 from recipe.nemo_gym.gym.types import PolicyServers
-from recipe.nemo_gym.limits import ConnectionLimits
 
 VLLM_MODEL_CONFIG_DIR = "responses_api_models/vllm_model/"
 

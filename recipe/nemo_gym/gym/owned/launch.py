@@ -16,9 +16,9 @@ Contract:
   and shows the last lines of its log. A head server that could not bind its port (taken between the check and Gym's
   bind) is named as soon as the launcher logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until
   the deadline. One start-up failure is retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and
-  a few seconds apart: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline (`missed_ray_start`),
-  which a CPU-starved node can cause (twice in a row, on a 2-core machine starting two other Rays) and a later start
-  does not meet again.
+  a few seconds apart: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
+  (`launcher_missed_ray_start`), which a CPU-starved node can cause (twice in a row, on a 2-core machine starting two
+  other Rays) and a later start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.
@@ -58,6 +58,7 @@ from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortI
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import wait_until_answering
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.owned import seams
 from recipe.nemo_gym.gym.owned.environment import (
     GymEnvironment,
@@ -83,9 +84,9 @@ from recipe.nemo_gym.gym.owned.liveness import (
     server_health,
 )
 from recipe.nemo_gym.gym.owned.processes import ProcessTree, exit_description
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
 from recipe.nemo_gym.gym.types import PolicyServers
-from recipe.nemo_gym.limits import ConnectionLimits
+from recipe.nemo_gym.gym.watchdog import Watchdog
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +98,7 @@ _FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 # asyncio's error when a listening socket cannot bind (`loop.create_server`), which uvicorn logs before it exits.
 _BIND_ERROR = re.compile(r"\[Errno \d+\] error while attempting to bind on address \('[^']*', (?P<port>\d+)\)[^\n]*")
 HEAD_SERVER = "head_server"
-# Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
-# ray/_private/node.py, Ray 2.60; not configurable). `lean_ray.py` starts Gym's Ray and exits with it.
-RAY_START_TIMEOUT = "The current node timed out during startup"
+# `lean_ray.py` starts Gym's Ray and exits with it, so Gym's launcher ends on Ray's start-up deadline (`ray_start.py`).
 RAY_START_ATTEMPTS = 3
 _RAY_RETRY_PAUSE_S = 5.0  # lets the load that starved the first start pass
 
@@ -115,9 +114,9 @@ def head_server_bind_error(launcher_log: str, port: int) -> str | None:
     return None
 
 
-def missed_ray_start(error: BaseException) -> bool:
+def launcher_missed_ray_start(error: BaseException) -> bool:
     """Whether a start-up failure is Gym's launcher ending on Ray's start-up deadline (its log tail, in the message)."""
-    return isinstance(error, GymServerDied) and LAUNCHER in error.servers and RAY_START_TIMEOUT in str(error)
+    return isinstance(error, GymServerDied) and LAUNCHER in error.servers and missed_ray_start(str(error))
 
 
 def port_holder(host: str, port: int) -> str | None:
@@ -205,7 +204,7 @@ class OwnedGym:
             try:
                 return cls._start_once(config, policy, loop, overrides, deadline)
             except GymServerDied as e:
-                if not missed_ray_start(e) or deadline - time.monotonic() < 2 * _RAY_RETRY_PAUSE_S:
+                if not launcher_missed_ray_start(e) or deadline - time.monotonic() < 2 * _RAY_RETRY_PAUSE_S:
                     raise
                 logger.warning(
                     "NeMo Gym's launcher ended because its Ray missed Ray's 30 s start-up deadline (%r; a busy node); "

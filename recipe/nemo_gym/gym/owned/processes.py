@@ -21,7 +21,7 @@ import time
 
 import psutil
 
-from recipe.nemo_gym.gym.owned.watchdog import session_members
+from recipe.nemo_gym.gym.watchdog import session_members
 from recipe.nemo_gym.process_group import signal_group
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.launch.job import load_job
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT
 from recipe.nemo_gym_demo.console import (
-    RAY_START_TIMEOUT,
     REPO_ROOT,
     STOP_GRACE_S,
     JobResult,
@@ -25,8 +25,8 @@ from recipe.nemo_gym_demo.console import (
     format_step,
     hold_output_folder,
     launcher_command,
-    missed_ray_start,
     progress_text,
+    trainer_missed_ray_start,
     write_job,
 )
 
@@ -84,12 +84,12 @@ def test_the_metrics_file_is_read_as_it_grows_each_step_once_and_a_half_written_
 
 def test_only_a_run_that_failed_at_rays_start_up_deadline_is_run_again():
     log = f"Exception: {RAY_START_TIMEOUT}. This could happen because some of the raylet failed to startup\n"
-    assert missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), log)
-    assert not missed_ray_start(JobResult(exit_status=0, elapsed_s=60.0), log)
-    assert not missed_ray_start(JobResult(exit_status=130, elapsed_s=60.0), log)  # stopped: never started again
-    assert not missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), "ValueError: bad override\n")
+    assert trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=0, elapsed_s=60.0), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=130, elapsed_s=60.0), log)  # stopped: never started again
+    assert not trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), "ValueError: bad override\n")
     # once a step ran, a failure is the job's own: never run a training job twice
-    assert not missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0, steps=[{"step": 1, "data": {}}]), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0, steps=[{"step": 1, "data": {}}]), log)
 
 
 def test_a_failed_trainers_error_is_read_from_the_launchers_last_lines():

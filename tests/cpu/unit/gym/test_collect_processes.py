@@ -24,9 +24,9 @@ from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborte
 from recipe.nemo_gym.gym.over_http.client import RunTarget
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
 from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses, frame, read_frame, split_limits
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups
 from recipe.nemo_gym.gym.types import EpisodeReading
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.packing.episode import Episode, read_episode
 from tests.support.helpers import free_port
 from tests.support.results import synthetic_result

@@ -33,6 +33,7 @@ from recipe.nemo_gym.gym.over_http.client import (
     run_targets,
 )
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order, validate_examples
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.owned import launch
 from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
 from recipe.nemo_gym.gym.owned.launch import (
@@ -40,7 +41,7 @@ from recipe.nemo_gym.gym.owned.launch import (
     OwnedGym,
     check_port_free,
     head_server_bind_error,
-    missed_ray_start,
+    launcher_missed_ray_start,
 )
 from recipe.nemo_gym.gym.owned.liveness import LAUNCHER
 from recipe.nemo_gym.gym.owned.seams import (
@@ -54,7 +55,6 @@ from recipe.nemo_gym.gym.owned.seams import (
     write_interpreter_shim,
 )
 from recipe.nemo_gym.gym.types import PolicyServers
-from recipe.nemo_gym.limits import ConnectionLimits
 from tests.support.gym_runtime import MATH_CONFIG as MATH
 from tests.support.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
 from tests.support.gym_runtime import gym_config, gym_processes, policy_servers, start_gym
@@ -523,7 +523,7 @@ RAY_MISSED = (
     ],
 )
 def test_only_a_launcher_ended_by_rays_start_up_deadline_counts_as_a_missed_ray_start(error, retried) -> None:
-    assert missed_ray_start(error) is retried
+    assert launcher_missed_ray_start(error) is retried
 
 
 # Gym 0.7.0's launcher log when its head server could not listen (uvicorn logs asyncio's bind error; Python 3.13).

@@ -340,7 +340,7 @@ RUN_HERE: dict[str, tuple[set[int], str]] = {
         {1},
         "launch: ERROR: data.train_files: data file /shared/data/multienv/math_train.jsonl does not exist",
     ),
-    "python -m recipe.nemo_gym.preflight megatron": ({0, 1}, ""),
+    "python -m recipe.nemo_gym.launch.preflight megatron": ({0, 1}, ""),
     "python -m recipe.nemo_gym.gym.owned.environment": ({0}, "nemo-gym"),
     "python -m recipe.nemo_gym.cpu_backend difference": ({0}, "trainer.device=cpu"),
 }

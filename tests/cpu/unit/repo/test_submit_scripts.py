@@ -635,7 +635,7 @@ def test_megatron_with_its_modules_on_the_path_passes_the_check(tmp_path):
 
 
 def test_vanilla_mbridge_needs_mbridge_instead_of_megatron_bridge():
-    from recipe.nemo_gym.preflight import missing_megatron_modules
+    from recipe.nemo_gym.launch.preflight import missing_megatron_modules
 
     present = {"megatron.core", "mbridge"}
     find = lambda name: object() if name in present else None  # noqa: E731
