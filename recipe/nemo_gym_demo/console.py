@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.launch.compose import TRAINER_MODULE
 from recipe.nemo_gym.ports import pick_free_port
 from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
@@ -129,7 +130,7 @@ class JobResult:
         return [s["data"].get(name) for s in self.steps]
 
 
-class OutputFolderInUse(RuntimeError):
+class OutputFolderInUse(ConfigError):
     """Another job holds the output folder; nothing of this job was written there."""
 
 

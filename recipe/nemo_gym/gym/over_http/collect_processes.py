@@ -14,7 +14,7 @@ Contract:
   `reading`'s, given once), each joined to the parent by a socket
   pair and holding its own event loop and aiohttp session (`connector_limits` split among them, so that together
   they open no more connections than the manager alone would), and returns once each has said it is ready; one
-  that is not within 60 s is a `RuntimeError` (the others are stopped).
+  that is not within 60 s is a `CollectProcessDidNotStart` (a `ServerError`; the others are stopped).
 - `post_run(router)` is a `post_run` for `collect.run_examples_in_order`: each row goes to the child with
   the fewest rows in flight, which posts it to the agent copy `router` picked, exactly as `client.post_row` does in
   the manager, and sends back the row's `Episode` (`packing.episode.read_episode` with `reading`'s limits) or its
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipe.nemo_gym.errors import ServerError
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
 from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.types import EpisodeReading
@@ -60,6 +61,10 @@ _STOP_S = 5.0
 _READY_S = 60.0
 # The repository root, which holds the `recipe` package: the children import this module from it.
 _REPOSITORY = Path(__file__).resolve().parents[4]
+
+
+class CollectProcessDidNotStart(ServerError):
+    """A collect process did not say it was ready (its imports, its session) within 60 s; `servers` names it."""
 
 
 def split_limits(connector_limits: Mapping[str, Any], count: int) -> dict[str, int]:
@@ -147,9 +152,10 @@ class CollectProcesses:
                 await asyncio.wait_for(read_frame(reader), _READY_S)
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
                 await self.close()
-                raise RuntimeError(
+                raise CollectProcessDidNotStart(
                     f"NeMo Gym: {child.describe()} did not start within {_READY_S:.0f} s (its exit status: "
-                    f"{process.poll()}; its error, if any, is above): {e!r}"
+                    f"{process.poll()}; its error, if any, is above): {e!r}",
+                    servers=(child.describe(),),
                 ) from None
             child.listener = asyncio.create_task(self._listen(child, reader), name=f"collect-process-{process.pid}")
         logger.warning(
