@@ -72,7 +72,7 @@ def policy_servers(url: str, model_name: str = "policy") -> PolicyServers:
 class LoopOwningGym(OwnedGym):
     """An `OwnedGym` that closes its loop once shut down (the loop was made for it by `start_gym`). Only the Gym that
     `start` returned owns it: a failed attempt's shutdown must leave it open, since `OwnedGym.start` may start once
-    more on the same loop (a launcher whose Ray missed Ray's start-up deadline; seen on a slow hour, 2026-11-29)."""
+    more on the same loop (a launcher whose Ray missed Ray's start-up deadline, which a busy machine causes)."""
 
     owns_loop = False
 

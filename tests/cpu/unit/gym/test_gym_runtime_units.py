@@ -611,7 +611,7 @@ def test_no_start_is_made_again_without_the_time_for_one_left(monkeypatch) -> No
 def test_the_test_supports_gym_keeps_its_loop_open_through_a_start_made_once_more(monkeypatch, tmp_path) -> None:
     """`start_gym` (tests/support/gym_runtime.py) makes the loop its Gym closes at shutdown. A first attempt that
     fails on Ray's start-up deadline is shut down before `OwnedGym.start` tries again on the same loop: that
-    shutdown must leave the loop open (2026-11-29: it closed it, and every batch of the started Gym then failed)."""
+    shutdown must leave the loop open: a closed one would fail every batch of the Gym that did start."""
     attempts = []
 
     def start(self, deadline):  # one launcher run: the first ends as Ray's missed deadline does
