@@ -42,7 +42,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -86,6 +85,7 @@ from recipe.nemo_gym.gym.owned.liveness import (
 from recipe.nemo_gym.gym.owned.processes import ProcessTree, exit_description
 from recipe.nemo_gym.gym.types import PolicyServers
 from recipe.nemo_gym.gym.watchdog import Watchdog
+from recipe.nemo_gym.ports import bind_problem
 from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
 
 logger = logging.getLogger(__name__)
@@ -119,33 +119,14 @@ def launcher_missed_ray_start(error: BaseException) -> bool:
     return isinstance(error, GymServerDied) and LAUNCHER in error.servers and missed_ray_start(str(error))
 
 
-def port_holder(host: str, port: int) -> str | None:
-    """`pid N (name)` of a process listening on `port`, when the OS lets us see it."""
-    try:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                with contextlib.suppress(psutil.Error):
-                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-                return f"pid {conn.pid}"
-    except (psutil.Error, OSError):
-        pass
-    return None
-
-
 def check_port_free(host: str, port: int) -> None:
-    """Raise `HeadPortInUseError` unless `host:port` can be bound the way uvicorn binds it (SO_REUSEADDR)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            holder = port_holder(host, port)
-            by = f" by {holder}" if holder else ""
-            raise HeadPortInUseError(
-                f"NeMo Gym head server port {host}:{port} is already in use{by} ({e.strerror}). "
-                "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
-            ) from None
+    """Raise `HeadPortInUseError` unless `host:port` can be bound the way uvicorn binds it (`ports.bind_problem`)."""
+    problem = bind_problem(host, port)
+    if problem is not None:
+        raise HeadPortInUseError(
+            f"NeMo Gym head server port {host}:{port} is already in use{problem}. "
+            "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
+        )
 
 
 class OwnedGym:
