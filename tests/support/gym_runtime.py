@@ -10,7 +10,7 @@ In production the agent loop manager creates the one `BackgroundLoop`, hands it 
 - `collect_blocking(gym, examples, deadline_s, ...)` runs `gym.connection.collect` on the Gym's loop and waits
   for it; the batch deadline bounds it and the loop's timeout (30 s more) backs it.
 
-For the OwnedGym tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
+For the OwnedGym tests (`tests/cpu/unit/gym/test_owned_launch.py` and its neighbours,
 `tests/cpu/integration/test_gym_runtime.py`): the wheel's workplace and math configs (`WORKPLACE_CONFIG`,
 `MATH_CONFIG`), `gym_processes` (the live server processes of one head port), and a policy stub steered by markers
 in the prompt (`PolicyStub`; `stub_math_row` writes them).
