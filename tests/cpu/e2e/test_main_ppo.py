@@ -48,9 +48,10 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
 from recipe.nemo_gym.launch.leftovers import candidates, held_files, orphans
-from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_job
+from recipe.nemo_gym_demo.console import JobResult, JobSpec, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.view import environments
 from tests.support.cpu_policy.episodes import example_episodes_policy
 from tests.support.engine import TEST_KV_CACHE, scripted_overrides
 from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_left_with_env

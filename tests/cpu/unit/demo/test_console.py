@@ -20,15 +20,12 @@ from recipe.nemo_gym_demo.console import (
     JobResult,
     JobSpec,
     OutputFolderInUse,
-    StepFollower,
-    environments,
-    format_step,
     hold_output_folder,
     launcher_command,
-    progress_text,
     trainer_missed_ray_start,
     write_job,
 )
+from recipe.nemo_gym_demo.view import StepFollower, environments, format_step, progress_text
 
 GYM = "timing_s/nemo_gym/"
 
