@@ -439,7 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
-    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
     from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
     from tests.support.cpu_policy import harness
     from tests.support.engine.script_choice import scripted_row

@@ -79,7 +79,7 @@ from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym.connect import Gym, connect_gym
-from recipe.nemo_gym.gym.types import EpisodeReading, PolicyServers
+from recipe.nemo_gym.gym.types import CollectSettings, PolicyServers
 from recipe.nemo_gym.metrics import (
     PREFIX as METRICS_PREFIX,
 )
@@ -167,7 +167,7 @@ class NeMoGymAgentLoopManager:
         # Results are read into episodes by collect processes when the environments file asks for them.
         processes = self.plugin_config.nemo_gym.collect_processes
         self.reading = (
-            EpisodeReading(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None
+            CollectSettings(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None
         )
         # The last batch's raw NeMo Gym results (with collect processes: their episodes) and packing statistics, for
         # inspection (the demo writes them out).

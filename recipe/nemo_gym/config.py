@@ -154,7 +154,7 @@ START_ONLY_KEYS = (
 )
 
 
-# Keys of NeMo Gym's global config that the plugin sets itself (`gym/owned/job_config.py`), from this file's other
+# Keys of NeMo Gym's global config that the plugin sets itself (`gym/owned/global_config.py`), from this file's other
 # settings and from the policy servers verl runs: `config_overrides` may not set them.
 PLUGIN_SET_GYM_KEYS = frozenset(
     {

@@ -90,8 +90,8 @@ def row_agents(default: str | None, section: NeMoGymSection | None) -> RowAgents
         return RowAgents(default)
 
     def declare() -> DeclaredAgents:
-        from recipe.nemo_gym.gym.owned.job_config import merged_config
-        from recipe.nemo_gym.gym.owned.seams import section_config_paths, section_root
+        from recipe.nemo_gym.gym.owned.global_config import merged_config
+        from recipe.nemo_gym.gym.owned.gym_layout import section_config_paths, section_root
 
         return declared(merged_config(section_config_paths(section), section.config_overrides), section_root(section))
 

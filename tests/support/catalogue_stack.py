@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
-from recipe.nemo_gym.gym.owned.job_config import deep_merged
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.global_config import deep_merged
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness

@@ -9,7 +9,7 @@ and hands in the values of `types.py`; it imports nothing else of this package. 
   failure cause of a row (`outcomes`), liveness over HTTP of Gym's servers and of verl's policy servers (`health`), the
   HTTP connection limits from the file limit (`limits`), and `connection.GymConnection`, which composes them.
 - "How do we own a Gym process tree?" `owned/`: Gym's Python environment (`environment`), the rules of Gym's the
-  plugin mirrors to start it (`seams`), the config it is handed (`job_config`), `launch.OwnedGym` (start,
+  plugin mirrors to start it (`gym_layout`), the config it is handed (`global_config`), `launch.OwnedGym` (start,
   supervise, stop), its processes (`processes`) and their liveness (`liveness`).
 - "How do we use a Gym someone else started?" `attach.AttachedGym`, with `relay.PolicyRelay` in front of several
   policy servers.

@@ -11,7 +11,7 @@ Contract:
 - The HTTP connection limits are derived here from this process's file limit (`limits.py`) and logged; `node_ip`
   gives the address an attached Gym reaches this trainer's policy relay at, asked only when the file does not say.
 - What the caller hands in besides the config are the values of `types.py`: `PolicyServers`, and the
-  `EpisodeReading` its batches are read with.
+  `CollectSettings` its batches are read with.
 """
 
 from __future__ import annotations

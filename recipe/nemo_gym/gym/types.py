@@ -3,7 +3,7 @@
 
 - `PolicyServers`: verl's policy servers, which NeMo Gym's model server calls (the manager finds them,
   `verl_servers.py`; the job config, the connection and the relay read them).
-- `EpisodeReading`: how the results of a batch are read into episodes (`packing.episode.read_episode`'s limits),
+- `CollectSettings`: how the results of a batch are read into episodes (`packing.episode.read_episode`'s limits),
   and by how many collect processes (`over_http/collect_processes.py`; 0: in the manager's own process).
 """
 
@@ -34,7 +34,7 @@ class PolicyServers:
 
 
 @dataclass(frozen=True)
-class EpisodeReading:
+class CollectSettings:
     """How results are read into episodes where they arrive: by `processes` collect processes, with the trainer's
     prompt length and the reward components it requires (`packing.episode.read_episode`)."""
 

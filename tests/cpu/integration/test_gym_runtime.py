@@ -12,7 +12,7 @@ tests' many batches), steered per request by markers in the prompt (answer, dela
 The tests that kill servers or shut the stack down get a stack of their own (`own_stack`), so the tests pass
 in any order; in file order they come last and take the shared one. The pure parts (config paths, the config Gym
 is handed, run targets, the batch core, the event loop) are tested in the unit tier, a module each
-(`tests/cpu/unit/gym/`: `test_seams.py`, `test_job_config.py`, `test_client.py`, `test_collect.py`,
+(`tests/cpu/unit/gym/`: `test_gym_layout.py`, `test_global_config.py`, `test_client.py`, `test_collect.py`,
 `test_owned_launch.py`; `tests/cpu/unit/test_event_loop.py`).
 """
 

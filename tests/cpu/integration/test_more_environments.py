@@ -46,7 +46,7 @@ N = 2
 
 def gym_root():
     from recipe.nemo_gym.config import NeMoGymSection
-    from recipe.nemo_gym.gym.owned.seams import section_root
+    from recipe.nemo_gym.gym.owned.gym_layout import section_root
 
     return section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
 

@@ -203,7 +203,7 @@ def test_nemo_gyms_example_rows_without_agent_ref_take_the_agent_whose_config_de
     """The shipped `configs/knowledge.yaml` and three of its servers' example files in `.venv-gym` as they ship: mcqa's,
     string_match's and polymath's rows name no agent, and each takes the one whose Gym config declares the file (the
     check before verl's workers agrees); a file no agent declares, in a blend of several, is refused by line."""
-    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 
     servers = nemo_gym_install_root() / "resources_servers"
     agents = {

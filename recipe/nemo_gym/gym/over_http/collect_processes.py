@@ -52,7 +52,7 @@ from typing import Any
 from recipe.nemo_gym.errors import ServerError
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
 from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
-from recipe.nemo_gym.gym.types import EpisodeReading
+from recipe.nemo_gym.gym.types import CollectSettings
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class _Child:
 class CollectProcesses:
     """The manager's collect processes; see the module docstring."""
 
-    def __init__(self, reading: EpisodeReading, connector_limits: Mapping[str, Any]):
+    def __init__(self, reading: CollectSettings, connector_limits: Mapping[str, Any]):
         if reading.processes < 1:
             raise ValueError(f"collect processes: need at least one, got {reading.processes}")
         self.count = reading.processes

@@ -18,7 +18,7 @@ Contract:
 - While a batch waits, `collect` runs `check_gym` and probes verl's policy servers and the judge's servers outside
   Gym, `judge_urls` (`health.PolicyWatch`: `timeouts.policy_health_failures` consecutive probes without an answer
   abort the batch, naming the server).
-- `collect(..., reading=EpisodeReading(processes=N, ...))` posts the rows and reads their results from N collect
+- `collect(..., reading=CollectSettings(processes=N, ...))` posts the rows and reads their results from N collect
   processes (`collect_processes.py`, started at the first such batch, with its settings, and kept until `close()`): each
   outcome is then an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on
   the loop and results come back as Gym's dicts.
@@ -49,7 +49,7 @@ from recipe.nemo_gym.gym.over_http.collect import ProgressLine, RowOutcome, run_
 from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses
 from recipe.nemo_gym.gym.over_http.health import PolicyWatch
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_of
-from recipe.nemo_gym.gym.types import EpisodeReading, PolicyServers
+from recipe.nemo_gym.gym.types import CollectSettings, PolicyServers
 
 
 class GymConnection:
@@ -125,7 +125,7 @@ class GymConnection:
         retries: int = 0,
         retry_delay_s: float = 0.0,
         attempts: list[int] | None = None,
-        reading: EpisodeReading | None = None,
+        reading: CollectSettings | None = None,
         labels: Sequence[str] | None = None,
         config: str | None = None,
     ) -> list[RowOutcome]:

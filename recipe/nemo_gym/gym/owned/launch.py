@@ -9,8 +9,8 @@ Contract:
   process tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`,
   under `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers),
   offline (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a
-  venv). Gym reads the plugin's keys last (`job_config.global_config`; with them the judge's,
-  `job_config.judge_overrides`, which also refuses a resources server whose judge no config defines before anything
+  venv). Gym reads the plugin's keys last (`global_config.global_config`; with them the judge's,
+  `global_config.judge_overrides`, which also refuses a resources server whose judge no config defines before anything
   starts). It returns once the head server lists the servers and every one answers HTTP, within `timeouts.startup_s`. If
   the launcher or a server dies, or the deadline passes, everything started is stopped and the error names what failed
   and shows the last lines of its log. A head server that could not bind its port (taken between the check and Gym's
@@ -58,7 +58,7 @@ from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import wait_until_answering
 from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
-from recipe.nemo_gym.gym.owned import seams
+from recipe.nemo_gym.gym.owned import gym_layout
 from recipe.nemo_gym.gym.owned.environment import (
     GymEnvironment,
     clean_environment,
@@ -66,7 +66,7 @@ from recipe.nemo_gym.gym.owned.environment import (
     launcher_argv,
     locate_environment,
 )
-from recipe.nemo_gym.gym.owned.job_config import (
+from recipe.nemo_gym.gym.owned.global_config import (
     cache_root,
     deep_merged,
     global_config,
@@ -138,7 +138,9 @@ class OwnedGym:
         self.config = config
         self.policy = policy
         self.loop = loop  # borrowed: see the module docstring
-        self.overrides = overrides  # Gym's global-config keys from the environments file (`job_config.gym_overrides`)
+        self.overrides = (
+            overrides  # Gym's global-config keys from the environments file (`global_config.gym_overrides`)
+        )
         self.connection: GymConnection | None = None
         self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None
@@ -201,7 +203,7 @@ class OwnedGym:
     ) -> OwnedGym:
         section = config.nemo_gym
         environment = inspect_environment(locate_environment(section.environment))
-        files = seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        files = gym_layout.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
         merged = merged_config(files, overrides)
         if section.replicas:
             copies = replica_keys(section.replicas, merged, files)
@@ -225,10 +227,10 @@ class OwnedGym:
         section, environment = self.config.nemo_gym, self.environment
         assert environment is not None
         cache = cache_root()
-        venv_dir = section.venv_dir or seams.default_venv_dir(cache, str(environment.python))
-        shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
-        roots = [environment.install_root, Path.cwd(), *seams.extra_roots(os.environ)]
-        seams.link_server_venvs(venv_dir, seams.server_dirs(roots), shim)
+        venv_dir = section.venv_dir or gym_layout.default_venv_dir(cache, str(environment.python))
+        shim = gym_layout.write_interpreter_shim(venv_dir, str(environment.python))
+        roots = [environment.install_root, Path.cwd(), *gym_layout.extra_roots(os.environ)]
+        gym_layout.link_server_venvs(venv_dir, gym_layout.server_dirs(roots), shim)
 
         # A short private folder: Ray's socket paths under it must stay within the 107 bytes a Unix socket allows.
         self.run_dir = Path(tempfile.mkdtemp(prefix="ng-gym-", dir="/tmp" if Path("/tmp").is_dir() else None))
@@ -288,7 +290,7 @@ class OwnedGym:
             )
             raise GymStartTimeout(
                 f"NeMo Gym servers not ready within {self.config.timeouts.startup_s:g}s; {what}."
-                f"{seams.file_tail(self.launcher_log)}",
+                f"{gym_layout.file_tail(self.launcher_log)}",
                 not_ready or [HEAD_SERVER],
             )
         gym_config = head.config()
@@ -311,7 +313,7 @@ class OwnedGym:
         text = self._launcher_log_text()
         named = sorted(set(_FINISHED.findall(text)))
         what = f"server(s) {named} ended {when}, and its launcher" if named else f"launcher ended {when}: it"
-        tail = self._log_tail(named[0]) if named else seams.file_tail(self.launcher_log)
+        tail = self._log_tail(named[0]) if named else gym_layout.file_tail(self.launcher_log)
         raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
 
     def _raise_if_head_could_not_listen(self, code: int | None, when: str) -> None:
@@ -329,7 +331,7 @@ class OwnedGym:
         launcher = "" if code is None else f" Its launcher {exit_description(code)}."
         raise GymServerDied(
             f"NeMo Gym's head server could not listen on {head.host}:{head.port} {when}: {error}.{why}{launcher}"
-            f"{seams.file_tail(self.launcher_log)}",
+            f"{gym_layout.file_tail(self.launcher_log)}",
             [HEAD_SERVER],
         )
 
@@ -370,7 +372,7 @@ class OwnedGym:
 
     def _log_tail(self, server: str) -> str:
         """A dead server's own log (Gym writes one per server), else the launcher's (every server's lines)."""
-        return seams.log_tail(self.log_dir, server) or seams.file_tail(self.launcher_log)
+        return gym_layout.log_tail(self.log_dir, server) or gym_layout.file_tail(self.launcher_log)
 
     async def _check_gym(self) -> None:
         self.check_health()

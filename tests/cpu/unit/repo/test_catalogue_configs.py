@@ -13,7 +13,7 @@ import pkgutil
 import pytest
 
 from recipe.nemo_gym.config import load_config
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from tests.support.cpu_policy import catalogue
 from tests.support.helpers import REPO_ROOT
 

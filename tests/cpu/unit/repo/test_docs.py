@@ -454,7 +454,7 @@ def blocks_of(path: Path, language: str) -> list[str]:
 def test_adding_an_environment_example_is_consistent(tmp_path):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
-    from recipe.nemo_gym.gym.owned.seams import section_config_paths
+    from recipe.nemo_gym.gym.owned.gym_layout import section_config_paths
     from recipe.nemo_gym.launch.job import load_job
     from recipe.nemo_gym_demo import tiny_model
 

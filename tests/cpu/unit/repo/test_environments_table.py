@@ -21,7 +21,7 @@ Environments (the second table):
   environment's own config in the wheel, and the configs it names, with `yaml`).
 - Every config path in either table is a file under the installed Gym's root.
 
-Gym's root is `seams.nemo_gym_install_root()`: the Gym environment's interpreter says where `nemo_gym` lies
+Gym's root is `gym_layout.nemo_gym_install_root()`: the Gym environment's interpreter says where `nemo_gym` lies
 (`importlib.util.find_spec`); no module of NeMo Gym is imported. Without an `environments/` folder there (Gym before
 0.7, named by `$NEMO_GYM_ENV`), the tests skip.
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from tests.support.helpers import REPO_ROOT as REPO
 
 PAGE = REPO / "docs" / "environments.md"

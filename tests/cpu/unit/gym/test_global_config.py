@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What an owned NeMo Gym is handed (`gym/owned/job_config.py`), with exact expectations: its global config from the
+"""What an owned NeMo Gym is handed (`gym/owned/global_config.py`), with exact expectations: its global config from the
 validated environments file, and what the file refuses because Gym could not be started with it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from recipe.nemo_gym.config import NeMoGymSection, load_config
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.gym.errors import GymConfigError
 from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
-from recipe.nemo_gym.gym.owned.job_config import global_config, gym_overrides
+from recipe.nemo_gym.gym.owned.global_config import global_config, gym_overrides
 from recipe.nemo_gym.gym.types import PolicyServers
 from tests.support.gym_runtime import MATH_CONFIG as MATH
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Gym's rules the plugin mirrors to start it (`gym/owned/seams.py`), with exact expectations: where config paths
+"""Gym's rules the plugin mirrors to start it (`gym/owned/gym_layout.py`), with exact expectations: where config paths
 are looked for, each interpreter's venv links and the shim they point at. NeMo Gym's real servers started through
 them: `tests/cpu/integration/test_gym_runtime.py`."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym.gym.errors import GymConfigError
-from recipe.nemo_gym.gym.owned.seams import (
+from recipe.nemo_gym.gym.owned.gym_layout import (
     check_config_paths,
     default_venv_dir,
     extra_roots,

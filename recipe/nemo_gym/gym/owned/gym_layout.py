@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Every place the plugin mirrors one of NeMo Gym's rules without importing it; each names the version read.
+"""NeMo Gym's file layout as the plugin must know it (its root, config paths, server venvs, log files): every place
+the plugin mirrors one of NeMo Gym's rules without importing it; each names the version read.
 
 Contract:
 - `nemo_gym_install_root(environment)` is the one lookup of Gym's root (its `PARENT_DIR`) in the Gym
