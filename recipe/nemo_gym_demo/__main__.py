@@ -66,7 +66,7 @@ def _run(out: Path, steps: int) -> int:
     spec = JobSpec(
         out_dir=out,
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=BLEND,
+        environments_file=BLEND,
         train_files=[train],
         val_files=[val],
         steps=steps,

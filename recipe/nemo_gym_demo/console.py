@@ -57,7 +57,7 @@ class JobSpec:
 
     out_dir: Path
     model_dir: Path
-    agent_loop_config: Path
+    environments_file: Path
     """The environments file; copied into `out_dir` with NeMo Gym's log folder and head server port set."""
     train_files: Sequence[Path]
     val_files: Sequence[Path]
@@ -203,14 +203,14 @@ def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
 
 
 def write_job(spec: JobSpec) -> Path:
-    """Write the environments file with NeMo Gym's log folder and head server port (`<out>/agent_loop.yaml`: NeMo Gym's
-    servers log to files, not the console), unless it attaches to a Gym started elsewhere, then the job file."""
+    """Write the environments file with NeMo Gym's log folder and head server port (`<out>/environments.yaml`: NeMo
+    Gym's servers log to files, not the console), unless it attaches to a Gym started elsewhere, then the job file."""
     spec.out_dir.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load(spec.agent_loop_config.read_text())
+    config = yaml.safe_load(spec.environments_file.read_text())
     if "attach" not in config["nemo_gym"]:  # an attached Gym logs and listens where it was started
         config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
         config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or pick_free_port()}
-    environments = spec.out_dir / "agent_loop.yaml"
+    environments = spec.out_dir / "environments.yaml"
     environments.write_text(yaml.safe_dump(config, sort_keys=False))
     spec.job_file.write_text(yaml.safe_dump(job_keys(spec, environments), sort_keys=False))
     return spec.job_file
@@ -350,7 +350,7 @@ def _plain(value: Any) -> Any:
 def spec_from_json(text: str) -> JobSpec:
     """A `JobSpec` from JSON; relative paths are taken from the current directory."""
     raw = json.loads(text)
-    for key in ("out_dir", "model_dir", "agent_loop_config"):
+    for key in ("out_dir", "model_dir", "environments_file"):
         raw[key] = Path(raw[key]).resolve()
     for key in ("train_files", "val_files"):
         raw[key] = [Path(p).resolve() for p in raw[key]]

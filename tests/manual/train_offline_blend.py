@@ -43,7 +43,7 @@ def main(out: Path) -> int:
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=BLEND,
+        environments_file=BLEND,
         train_files=[train],
         val_files=[val],
         steps=2,

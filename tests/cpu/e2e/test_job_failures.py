@@ -75,7 +75,7 @@ def _spec(tmp_path: Path, environments_file: Path, train: Path, *, steps: int = 
     return JobSpec(
         out_dir=out or tmp_path / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=environments_file,
+        environments_file=environments_file,
         train_files=[train],
         val_files=[train],
         steps=steps,

@@ -165,7 +165,7 @@ def runs(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=blend_with_flaky_server(out / "blend.yaml"),
+        environments_file=blend_with_flaky_server(out / "blend.yaml"),
         train_files=[train],
         val_files=[val],
         steps=2,

@@ -95,7 +95,7 @@ def run(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=catalogue_blend(out / "blend.yaml", judge_policy(answers).to_file(out / "judge.json")),
+        environments_file=catalogue_blend(out / "blend.yaml", judge_policy(answers).to_file(out / "judge.json")),
         train_files=[train],
         val_files=[train],
         steps=2,

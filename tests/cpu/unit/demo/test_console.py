@@ -110,7 +110,7 @@ def _spec(tmp_path: Path, **keys) -> JobSpec:
     keys = {
         "out_dir": tmp_path / "out",
         "model_dir": tmp_path / "model",
-        "agent_loop_config": plugin,
+        "environments_file": plugin,
         "train_files": [tmp_path / "t.jsonl"],
         "val_files": [tmp_path / "v.jsonl"],
         "steps": 3,
@@ -140,14 +140,14 @@ def test_the_written_job_is_a_valid_launcher_job_with_the_specs_sizes_and_the_lo
     ]
     # NeMo Gym's servers log into the output folder and listen on the spec's port
     plugin = yaml.safe_load(job.environments.read_text())
-    assert job.environments == tmp_path / "out" / "agent_loop.yaml"
+    assert job.environments == tmp_path / "out" / "environments.yaml"
     assert plugin["nemo_gym"]["log_dir"] == str(spec.nemo_gym_log_dir)
     assert plugin["nemo_gym"]["head_server"] == {"host": "127.0.0.1", "port": 12345}
 
 
 def test_an_attached_gym_keeps_its_own_logs_and_port(tmp_path):
     spec = _spec(tmp_path)
-    spec.agent_loop_config.write_text("nemo_gym:\n  attach:\n    head_server_url: http://10.0.0.1:11000\n")
+    spec.environments_file.write_text("nemo_gym:\n  attach:\n    head_server_url: http://10.0.0.1:11000\n")
     plugin = yaml.safe_load(load_job(write_job(spec), environ={}).environments.read_text())
     assert plugin == {"nemo_gym": {"attach": {"head_server_url": "http://10.0.0.1:11000"}}}
 
@@ -195,7 +195,7 @@ def test_a_job_spec_round_trips_through_json_and_relative_paths_become_absolute(
     spec = JobSpec(
         out_dir=tmp_path / "out",
         model_dir=tmp_path / "model",
-        agent_loop_config=tmp_path / "plugin.yaml",
+        environments_file=tmp_path / "plugin.yaml",
         train_files=[tmp_path / "t.jsonl"],
         val_files=[tmp_path / "v.jsonl"],
         steps=2,
