@@ -29,6 +29,7 @@ from recipe.nemo_gym.gym.over_http.client import HeadClient
 from recipe.nemo_gym.gym.over_http.health import http_alive
 from recipe.nemo_gym.gym.owned import gym_layout
 from recipe.nemo_gym.gym.owned.environment import clean_environment, inspect_environment, locate_environment
+from recipe.nemo_gym.process_group import stop_group
 from tests.support.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -144,16 +145,7 @@ class ExternalGym:
         return sorted(found)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
-            if not self.pids():
-                break
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + wait_s
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
+        stop_group(self.process.pid, grace_s, first=signal.SIGINT)  # Gym's own orderly stop, then SIGKILL
         # Orphans that left the group keep the session: kill whatever is left of it.
         for pid in self.pids():
             try:
