@@ -57,7 +57,7 @@ read -r -a RAY_ARGS <<<"$NG_RAY_START_ARGS"
 RAY_ARGS+=(--disable-usage-stats --block)
 # A folder of the job's own on every node (Ray's session, vLLM's sockets, verl's locks), removed at the end: under
 # TMPDIR, or /tmp where Ray's socket paths would be too long. Exported before `ray start`: srun hands it to each node.
-JOB_START=$(date +%s)  # what vLLM and verl leave on a node after this is the job's (recipe/nemo_gym/leftovers.py)
+JOB_START=$(date +%s)  # what vLLM and verl leave on a node after this is the job's (recipe/nemo_gym/launch/leftovers.py)
 JOB_TMP=$(mktemp -d "$NG_JOB_TEMP_PARENT/ngjob-XXXXXXXX") || die "cannot create a folder in $NG_JOB_TEMP_PARENT"
 export TMPDIR="$JOB_TMP" NG_OUTCOME_FILE="$JOB_TMP/outcome"
 
@@ -126,7 +126,7 @@ teardown() {  # the launcher first (it stops the trainer, with its own grace), t
         # shellcheck disable=SC2016  # the inner shell expands its own arguments
         TMPDIR="$NG_JOB_TEMP_PARENT" srun --overlap --nodes="$NG_NNODES" --ntasks="$NG_NNODES" \
             --ntasks-per-node=1 "${CONTAINER[@]}" \
-            /bin/sh -c "$STOP_LEFT"'; "$2" -m recipe.nemo_gym.leftovers "$3"; rm -rf "$1"' \
+            /bin/sh -c "$STOP_LEFT"'; "$2" -m recipe.nemo_gym.launch.leftovers "$3"; rm -rf "$1"' \
             stop-left "$JOB_TMP" "$PYTHON" "$JOB_START" || log "could not clean $JOB_TMP and /dev/shm on every node"
     fi
     [[ -z "${outcome:-}" ]] || echo "$outcome" >&2  # how the job ended, last: the launcher's words

@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 import psutil
 import yaml
 
-from recipe.nemo_gym.limits import (
+from recipe.nemo_gym.gym.over_http.limits import (
     LIMIT_KEY,
     LIMIT_PER_HOST_KEY,
     NEMO_GYM_DEFAULT_LIMIT,
@@ -356,7 +356,7 @@ def emfile_lines(paths: list[Path]) -> list[str]:
     return hits
 
 
-def plugin_yaml(
+def environments_file(
     path: Path,
     env: Environment,
     *,
@@ -439,7 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from recipe.nemo_gym.agent_loop import NeMoGymAgentLoopManager
     from recipe.nemo_gym.dataset import NeMoGymJSONLDataset
     from recipe.nemo_gym.failures import EpisodeFailure
-    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
     from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
     from tests.support.cpu_policy import harness
     from tests.support.engine.script_choice import scripted_row
@@ -481,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         script = policy.to_file(tmp / "script.json")
         rows = [scripted_row(row, script) for row in rows]
     data = write_jsonl(rows, tmp / "rows.jsonl")
-    config_path = plugin_yaml(
+    config_path = environments_file(
         tmp / "plugin.yaml",
         env,
         head_port=args.head_port or pick_free_port(),
@@ -607,7 +607,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if manager is not None:
                 manager.shutdown()
             report["emfile_lines"] = emfile_lines([*sorted((tmp / "logs").glob("*.log")), *logs])
-            shutil.rmtree(tmp, ignore_errors=True)  # rows, plugin YAML and Gym's logs, read above
+            shutil.rmtree(tmp, ignore_errors=True)  # rows, environments file and Gym's logs, read above
     return report
 
 

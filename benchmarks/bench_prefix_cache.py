@@ -17,7 +17,7 @@ the report gives per server and overall: tokens queried, tokens hit, hit rate, a
 `--relay affinity|spread` puts attach mode's relay (`recipe/nemo_gym/gym/relay.py`) between NeMo Gym and the
 `--replicas` servers, as attach mode does with several verl servers: Gym's model server is handed the relay's one
 address and sends each call's episode as a conversation id (`forward_session_id_as_conversation_id`, set here in
-the plugin YAML's `config_overrides`). `affinity` keeps every call of an episode on its first call's server;
+the environments file's `config_overrides`). `affinity` keeps every call of an episode on its first call's server;
 `spread` sends each call to the least busy server (the relay with `affinity=False`), for comparison. Gym is
 started by the manager here, not attached: what differs from attach mode is how Gym learns the relay's address (its
 config, not the endpoint file), not the path a call takes.
@@ -151,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def with_session_ids(plugin_yaml: Path, path: Path) -> Path:
-    """`plugin_yaml` with Gym's model server sending each call's episode as a conversation id."""
+def with_session_ids(environments_file: Path, path: Path) -> Path:
+    """`environments_file` with Gym's model server sending each call's episode as a conversation id."""
     import yaml
 
     from recipe.nemo_gym.gym.attach import SESSION_ID_SETTING
 
-    config = yaml.safe_load(plugin_yaml.read_text())
+    config = yaml.safe_load(environments_file.read_text())
     overrides = config["nemo_gym"].setdefault("config_overrides", {})
     model = overrides.setdefault("policy_model", {}).setdefault("responses_api_models", {})
     model.setdefault("vllm_model", {})[SESSION_ID_SETTING] = True

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the NeMo Gym server watchdog costs while it only watches: its CPU per second of a training run.
 
-The watchdog (`recipe/nemo_gym/gym/owned/watchdog.py`) lives as long as the Gym it guards and, once a second, looks
+The watchdog (`recipe/nemo_gym/gym/watchdog.py`) lives as long as the Gym it guards and, once a second, looks
 for new descendants of the processes it watches. This starts `--watched` idle processes (each a shell with a
 `sleep` child, as Gym's launcher wraps each server), `--others` idle processes it does not watch (a node's process
 table is larger than the Gym's), spawns the real watchdog, registers the shells, and reads the watchdog's CPU time
@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.watchdog import Watchdog
 
 
 def idle(count: int, wrapped: bool) -> list[subprocess.Popen]:

@@ -65,7 +65,7 @@ NORM_BY_STD = frozenset({"grpo", "grpo_vectorized"})
 ADVANTAGE_LOG_ENV = "NEMO_GYM_VERL_ADVANTAGE_LOG"
 DEFAULT_MIN_VALID_PER_GROUP = 2
 
-# The one setting the registered functions read. One plugin configuration per process (verl's TaskRunner runs one
+# The one setting the registered functions read. One environments file per process (verl's TaskRunner runs one
 # manager); set by `register_failure_aware_estimators`.
 _min_valid_per_group = DEFAULT_MIN_VALID_PER_GROUP
 

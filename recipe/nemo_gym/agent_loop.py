@@ -6,7 +6,7 @@ Loaded by verl's trainer (`trainer.use_v1=false`) through
 and created with verl's own call `create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`.
 
 Contract with verl (see the README, "How it works"):
-- `create` reads the plugin YAML at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
+- `create` reads the environments file at `actor_rollout_ref.rollout.agent.agent_loop_config_path`, finds the vLLM
   servers verl already launched and the model name they serve, and connects to NeMo Gym (`gym/connect.py`): it
   starts Gym from its own Python environment (`nemo_gym.environment`) as a process tree of its own, offline, with
   its own Ray, within `timeouts.startup_s` (`gym/owned/launch.py`); or, with `nemo_gym.attach`, uses a NeMo Gym
@@ -79,10 +79,7 @@ from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.failures import EpisodeFailure, FailureBudget
 from recipe.nemo_gym.gym.connect import Gym, connect_gym
-from recipe.nemo_gym.gym.over_http.collect import validate_examples
-from recipe.nemo_gym.gym.over_http.collect_processes import EpisodeReading
-from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
-from recipe.nemo_gym.limits import current_nofile_limits, derive_connection_limits
+from recipe.nemo_gym.gym.types import CollectSettings, PolicyServers
 from recipe.nemo_gym.metrics import (
     PREFIX as METRICS_PREFIX,
 )
@@ -144,7 +141,7 @@ class NeMoGymAgentLoopManager:
         self.rollout_config = config.actor_rollout_ref.rollout
         path = self.rollout_config.agent.get("agent_loop_config_path")
         if not path:
-            raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the plugin YAML")
+            raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path must name the environments file")
         self.config_path = str(path)
         self.plugin_config: NeMoGymConfig = load_config(path)
         self.llm_client = llm_client
@@ -166,12 +163,11 @@ class NeMoGymAgentLoopManager:
         )
         self._loop: BackgroundLoop | None = None
         self._gym: Gym | None = None
-        self._connection: GymConnection | None = None
         self.agent_names: frozenset[str] = frozenset()
-        # Results are read into episodes by collect processes when the plugin config asks for them.
+        # Results are read into episodes by collect processes when the environments file asks for them.
         processes = self.plugin_config.nemo_gym.collect_processes
         self.reading = (
-            EpisodeReading(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None
+            CollectSettings(processes, self.prompt_length, tuple(self.gdpo_reward_keys)) if processes else None
         )
         # The last batch's raw NeMo Gym results (with collect processes: their episodes) and packing statistics, for
         # inspection (the demo writes them out).
@@ -194,16 +190,9 @@ class NeMoGymAgentLoopManager:
                 timeout=timeouts.startup_s,
                 what="finding verl's vLLM servers",
             )
-            # Connector limits that fit this process's file limit (recipe/nemo_gym/limits.py); the user's
-            # nemo_gym.config_overrides win.
-            limits = derive_connection_limits(*current_nofile_limits())
-            log = logger.warning if limits.below_floor else logger.info
-            log("NeMo Gym HTTP connection limits: %s", limits.describe())
             policy = PolicyServers(tuple(base_urls), model_name)
-            self._gym = connect_gym(self.plugin_config, policy, loop=self._loop, limits=limits, node_ip=_node_ip)
-            assert self._gym.connection is not None
-            self._connection = self._gym.connection
-            self.agent_names = self._connection.agent_names
+            self._gym = connect_gym(self.plugin_config, policy, loop=self._loop, node_ip=_node_ip)
+            self.agent_names = self._gym.connection.agent_names
             if self.plugin_config.data.check_rows:
                 self._check_data_files()
         except BaseException:
@@ -245,14 +234,14 @@ class NeMoGymAgentLoopManager:
         """Stop every NeMo Gym server and the event loop; idempotent."""
         if self._gym is not None:
             self._gym.shutdown()
-            self._gym = self._connection = None
+            self._gym = None
         if self._loop is not None:
             self._loop.close()
             self._loop = None
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
-        if self._loop is None or self._connection is None:
+        if self._loop is None or self._gym is None:
             raise RuntimeError("NeMoGymAgentLoopManager is shut down")
         return await self._loop.arun(self._generate(prompts))
 
@@ -260,7 +249,6 @@ class NeMoGymAgentLoopManager:
         t_start = time.perf_counter()
         validate = bool(prompts.meta_info.get("validate", False))
         rows = prompts.non_tensor_batch[ROW_KEY]
-        self._check_agents(rows, prompts)
         # Only the real rows run: a validation batch's padding (copies of its leading rows) is filled from them.
         n_real = len(rows)
         if validate:
@@ -287,7 +275,7 @@ class NeMoGymAgentLoopManager:
         timeouts, failure_settings = self.plugin_config.timeouts, self.plugin_config.failures
         attempts = [1] * n_real
         try:
-            results = await self._connection.collect(
+            results = await self._gym.connection.collect(
                 examples,
                 deadline_s=timeouts.batch_s,
                 health_check_interval_s=timeouts.health_check_interval_s,
@@ -295,6 +283,8 @@ class NeMoGymAgentLoopManager:
                 retry_delay_s=failure_settings.retry_delay_s,
                 attempts=attempts,
                 reading=self.reading,
+                labels=_row_labels(prompts, n_real),
+                config=self.config_path,
             )
         finally:
             await prefaulted
@@ -365,15 +355,6 @@ class NeMoGymAgentLoopManager:
         output.meta_info["timing"] = timing
         return output
 
-    def _check_agents(self, rows, prompts: DataProto) -> None:
-        """Refuse the batch before any request is sent if a row cannot run; the manager stays usable."""
-        indices = prompts.non_tensor_batch.get("index")
-        labels = [
-            f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "")
-            for i in range(len(rows))
-        ]
-        validate_examples(rows, self.agent_names, labels=labels, config=self.config_path)
-
     def _prompt_ids(self, row) -> list[int] | None:
         """The row's prompt as the chat template renders it: what a failed row carries (masked) in the batch."""
         messages = prompt_messages(row)
@@ -385,6 +366,12 @@ class NeMoGymAgentLoopManager:
             )
         except Exception:  # noqa: BLE001 - Responses-API items the template cannot render; packing uses a pad
             return None
+
+
+def _row_labels(prompts: DataProto, n: int) -> list[str]:
+    """How a refused batch's error names its first `n` rows: verl's batch row and the dataset's index."""
+    indices = prompts.non_tensor_batch.get("index")
+    return [f"batch row {i}" + (f" (dataset index {indices[i]})" if indices is not None else "") for i in range(n)]
 
 
 def _data_sources(prompts: DataProto, rows) -> list[str]:

@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin's settings: one YAML file (`agent_loop_config_path`), validated once into `NeMoGymConfig`.
+"""The plugin's settings: one YAML file, the environments file, validated once into `NeMoGymConfig`.
+
+A job names it as `environments` (`launch/job.py`); verl receives it as `actor_rollout_ref.rollout.agent
+.agent_loop_config_path`. The launcher validates it with `load_config` before anything starts (`launch check`), and
+the manager loads the same file with the same function in verl's TaskRunner.
 
 Contract:
 - `${VAR}` / `$VAR` in any string value is expanded from the environment; a variable that is not set is an
-  error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
+  `UnsetVariable` error naming the key (a silent literal "${DATA}" path fails much later and much less clearly).
 - Unknown keys are rejected by name, at start-up, before any server starts.
 - NeMo Gym runs from its own Python environment (`nemo_gym.environment`; unset: `$NEMO_GYM_ENV`, else the
   `.venv-gym` that `./setup.sh` builds), as a process tree of its own; see `gym/environment.py`. With
@@ -41,6 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from recipe.nemo_gym.errors import ConfigError
 
 _VAR = re.compile(r"\$(\w+)|\$\{([^}]+)\}")
+
+
+class UnsetVariable(ConfigError):
+    """A `${VAR}` of the environments file names a variable this process's environment does not set."""
 
 
 class _Strict(BaseModel):
@@ -146,7 +154,7 @@ START_ONLY_KEYS = (
 )
 
 
-# Keys of NeMo Gym's global config that the plugin sets itself (`gym/owned/job_config.py`), from this file's other
+# Keys of NeMo Gym's global config that the plugin sets itself (`gym/owned/global_config.py`), from this file's other
 # settings and from the policy servers verl runs: `config_overrides` may not set them.
 PLUGIN_SET_GYM_KEYS = frozenset(
     {
@@ -305,7 +313,7 @@ def expand_env(value: Any, key: str = "") -> Any:
         def substitute(match: re.Match) -> str:
             name = match.group(1) or match.group(2)
             if name not in os.environ:
-                raise ConfigError(f"{key}: environment variable {name!r} is not set (value {value!r})")
+                raise UnsetVariable(f"{key}: environment variable {name!r} is not set (value {value!r})")
             return os.environ[name]
 
         return _VAR.sub(substitute, value)
@@ -313,18 +321,22 @@ def expand_env(value: Any, key: str = "") -> Any:
 
 
 def load_config(path: str | os.PathLike) -> NeMoGymConfig:
-    """Read, expand and validate the plugin YAML; every error names the file and the offending key."""
+    """Read, expand and validate the environments file; every error names the file and the offending key."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError as e:
-        raise ConfigError(f"agent_loop_config_path: {path} does not exist") from e
+        raise ConfigError(f"the environments file {path} does not exist") from e
+    except OSError as e:
+        raise ConfigError(f"cannot read the environments file {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     try:
         return NeMoGymConfig.model_validate(expand_env(raw))
+    except UnsetVariable as e:
+        raise UnsetVariable(f"{path}: {e}") from e
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
     except ValidationError as e:

@@ -11,12 +11,12 @@ file is ignored.
 
 It runs twice in a `main_ppo` job, each time over `data.train_files` and `data.val_files` (`configured_files`):
 - When verl builds the dataset, before any worker or vLLM server starts (`check_before_workers`): JSON and fields.
-  The dataset finds the plugin YAML in verl's `data.nemo_gym_config` (`PLUGIN_CONFIG_KEY`, which
+  The dataset finds the environments file in verl's `data.nemo_gym_config` (`PLUGIN_CONFIG_KEY`, which
   `verl_overrides.plugin_overrides` sets). verl builds the training dataset, then the validation one, from the
   same config: files that passed once in a process are not read again.
 - When the manager has started NeMo Gym (`agent_loop.py`): the same, and each row's agent among the running Gym's,
   which only a running Gym knows (its configuration composes agents from several files).
-Either raises `DataFilesError` listing the rows; `data.check_rows: false` in the plugin YAML turns both off, for
+Either raises `DataFilesError` listing the rows; `data.check_rows: false` in the environments file turns both off, for
 files too large to read at start-up.
 
 Pure: no Ray, HTTP or vLLM; a file is read in bounded memory (one line at a time).
@@ -49,7 +49,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PLUGIN_CONFIG_KEY = "nemo_gym_config"
-"""verl's `data.<key>`: the plugin YAML, for the check when verl builds the dataset (`check_before_workers`)."""
+"""verl's `data.<key>`: the environments file, for the check when verl builds the dataset (`check_before_workers`)."""
 
 MAX_LISTED = 20
 """Bad rows the error lists one by one; the rest are counted."""
@@ -175,12 +175,12 @@ def check_before_workers(data_config: Mapping[str, Any] | None) -> DataCheck | N
     """Check every row of the configured files, JSON and fields, when verl builds the dataset; raise
     `DataFilesError` listing the bad ones. Returns None without reading when nothing is asked: no
     `data.nemo_gym_config`, `data.check_rows: false` there, or every file already passed in this process."""
-    plugin_yaml = data_config.get(PLUGIN_CONFIG_KEY) if data_config is not None else None
-    if not plugin_yaml:
+    environments_file = data_config.get(PLUGIN_CONFIG_KEY) if data_config is not None else None
+    if not environments_file:
         return None
-    from recipe.nemo_gym.config import load_config  # pydantic models: only when a job names its plugin YAML
+    from recipe.nemo_gym.config import load_config  # pydantic models: only when a job names its environments file
 
-    config = load_config(plugin_yaml)
+    config = load_config(environments_file)
     if not config.data.check_rows:
         return None
     paths, _ = configured_files(data_config)  # a missing file is the dataset's own error, naming it

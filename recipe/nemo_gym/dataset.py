@@ -20,7 +20,7 @@ reads and parses one row, validates it and returns what verl's `collate_fn` and 
 Rows are validated on access: the line must be a JSON object with a non-empty `responses_create_params.input`
 (string or list) and a non-empty string `agent_ref.name`; otherwise `NeMoGymRowError` names the file and the
 1-based line. Whether the agent exists is the manager's check; `agent_names_seen` holds the names of rows
-read so far in this process. In a job (`data.nemo_gym_config` names the plugin YAML, as the recipe's overrides
+read so far in this process. In a job (`data.nemo_gym_config` names the environments file, as the recipe's overrides
 do), construction also checks every row of verl's `data.train_files` and `data.val_files` before verl starts its
 workers, and raises `DataFilesError` listing every bad one (`data_check.check_before_workers`).
 Rows without `agent_ref` (such as the example data NeMo Gym ships, which get theirs at data preparation) get one
@@ -74,15 +74,15 @@ def prompt_messages(row: Mapping[str, Any]) -> list[Any]:
 
 
 def _row_agents(config: Any) -> RowAgents:
-    """Who runs a row without `agent_ref` (`row_agents.py`): `data.default_agent_name`, and in a job (the plugin YAML in
-    `data.nemo_gym_config`) the agents of the Gym configs it names."""
+    """Who runs a row without `agent_ref` (`row_agents.py`): `data.default_agent_name`, and in a job (the environments
+    file in `data.nemo_gym_config`) the agents of the Gym configs it names."""
     default = config.get("default_agent_name") if config is not None else None
-    plugin_yaml = config.get(PLUGIN_CONFIG_KEY) if config is not None else None
-    if not plugin_yaml:
+    environments_file = config.get(PLUGIN_CONFIG_KEY) if config is not None else None
+    if not environments_file:
         return RowAgents(default=default)
     from recipe.nemo_gym.config import load_config
 
-    return row_agents(default, load_config(plugin_yaml).nemo_gym)
+    return row_agents(default, load_config(environments_file).nemo_gym)
 
 
 def _as_paths(data_files: Any) -> list[str]:

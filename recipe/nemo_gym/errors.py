@@ -4,7 +4,7 @@
 Catch `NeMoGymPluginError` to catch everything the plugin raises for a run's condition, and nothing else. Each
 error is in one family, which says what the user can do about it:
 
-- `ConfigError` (a `ValueError`): what the user wrote or installed is wrong: the plugin's YAML, a data file or row,
+- `ConfigError` (a `ValueError`): what the user wrote or installed is wrong: the environments file, a data file or row,
   a NeMo Gym config or version, the installed vLLM, a tokenizer or chat template the splice cannot make exact,
   Megatron's modules. Found before the part it concerns runs.
 - `ServerError` (a `RuntimeError`): a server the plugin starts or talks to did not start, died, or stopped

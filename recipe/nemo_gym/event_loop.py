@@ -2,10 +2,10 @@
 """One persistent asyncio event loop on a daemon thread, usable from any thread or any other loop.
 
 Why it exists: verl 0.9.1 runs the manager's `create` under `auto_await`, which uses `asyncio.run` when no loop
-is running, so the loop `create` ran on is closed as soon as it returns. NeMo Gym keeps one process-wide aiohttp
-`ClientSession`, bound to the loop it was created on. Every NeMo Gym call therefore goes through one loop that
-outlives any caller's loop: this one. In production the agent loop manager creates the only instance and
-the Gym's `GymConnection` borrows it.
+is running, so the loop `create` ran on is closed as soon as it returns. The manager's HTTP session with NeMo Gym
+(the `GymConnection`'s aiohttp `ClientSession`) and the sockets of its collect processes are bound to the loop they
+were made on. Every NeMo Gym call therefore goes through one loop that outlives any caller's loop: this one. In
+production the agent loop manager creates the only instance and the Gym's `GymConnection` borrows it.
 
 Contract:
 - `run(coro, timeout=None)` runs a coroutine on the loop from a thread that is not the loop's own thread and

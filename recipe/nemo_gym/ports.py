@@ -11,15 +11,21 @@ Contract:
   unexpectedly!". The quiet band lies above NeMo Gym's own server ports (`port_range_low`/`port_range_high`,
   10001-20000 in 0.4 and 0.7; `ray start` gives Ray's workers 10002-19999 by default, there too) and below the
   ephemeral range; on a default Linux node that is 20001-32767. Nothing there is taken unless a program names it.
-- A port is still only free when picked: the caller checks again just before it binds (`gym.owned.launch.
-  check_port_free`). Two pickers at once collide with a chance of about one in the band's size.
+- A port is still only free when picked: the caller checks again just before it binds (`bind_problem`, which
+  `gym.owned.launch.check_port_free` asks for NeMo Gym's head server). Two pickers at once collide with a chance of
+  about one in the band's size.
+- `bind_problem(host, port)`: None when the port binds now as uvicorn binds it, else why not, naming the process
+  that listens there when the OS shows it (`port_holder`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 from pathlib import Path
+
+import psutil
 
 # Above NeMo Gym's default server port range (global_config.py, `port_range_high`, 0.4.0 and 0.7.0).
 GYM_PORT_RANGE_HIGH = 20000
@@ -74,3 +80,30 @@ def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def pick_free_port(host: str = "127.0.0.1") -> int:
     """One port that binds on `host` now, from the quiet band."""
     return pick_free_ports(1, host)[0]
+
+
+def port_holder(port: int) -> str | None:
+    """`pid N (name)` of a process listening on `port`, when the OS lets us see it."""
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                return f"pid {conn.pid}"
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """None when `host:port` can be bound now with SO_REUSEADDR (as uvicorn binds); else why not, as
+    `" by pid N (name) (Address already in use)"` (the holder only where the OS shows it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            holder = port_holder(port)
+            return f"{f' by {holder}' if holder else ''} ({e.strerror})"
+    return None

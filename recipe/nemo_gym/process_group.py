@@ -3,7 +3,8 @@
 
 The one way the plugin and its test support stop a group they started (`start_new_session=True`, so the group's id
 is its leader's pid): Gym's launcher (`gym/owned/processes.py`), the job launcher's trainer
-(`launch/supervise.py`), the CPU policy server of the tests (`tests/support/cpu_policy/`).
+(`launch/supervise.py`), and in the tests the CPU policy server (`tests/support/cpu_policy/`), the Gym started
+outside the trainer (`tests/support/external_gym.py`) and the shared engine's host (`tests/support/engine/`).
 
 Contract (Linux: the group is read from `/proc`):
 - `live_members(pgid)`: the pids in the group that are not zombies. A zombie holds no memory, port or file; it waits

@@ -91,7 +91,10 @@ def row_samplings(
 
 
 def build_example(row: Mapping[str, Any], sampling: Sampling) -> dict[str, Any]:
-    """Return a deep copy of a NeMo Gym JSONL row with verl's sampling applied to its request."""
+    """Return a deep copy of a NeMo Gym JSONL row with verl's sampling applied to its request. A row without a
+    request is copied as it is: `GymConnection.collect`'s check of the batch refuses it, naming it."""
+    if not isinstance(row, Mapping) or not isinstance(row.get("responses_create_params"), Mapping):
+        return copy.deepcopy(row)
     example = copy.deepcopy(dict(row))
     params = example["responses_create_params"]
     params["temperature"] = sampling.temperature

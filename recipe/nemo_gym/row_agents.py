@@ -14,8 +14,8 @@ order (`RowAgents.for_file`):
 A row that names its agent keeps it. A row left without one is a bad row (`data_check.py` lists it).
 
 `declared(merged, gym_root)` is pure (Gym's merged config dict in; only path arithmetic). `row_agents(default,
-section)` reads the plugin YAML's Gym config files, once and only when a row names no agent (an attached Gym's files
-are not readable here: rule 1 only).
+section)` reads the environments file's Gym config files, once and only when a row names no agent (an attached Gym's
+files are not readable here: rule 1 only).
 """
 
 from __future__ import annotations
@@ -83,14 +83,15 @@ def declared(merged: Mapping[str, Any], gym_root: Path) -> DeclaredAgents:
 
 
 def row_agents(default: str | None, section: NeMoGymSection | None) -> RowAgents:
-    """`RowAgents` for verl's `data.default_agent_name` and the plugin YAML's `nemo_gym` section (None, or an attached
-    Gym: the default only). The Gym config files the section names are read at the first row without an agent."""
+    """`RowAgents` for verl's `data.default_agent_name` and the environments file's `nemo_gym` section (None, or an
+    attached Gym: the default only). The Gym config files the section names are read at the first row without an
+    agent."""
     if section is None or section.attach is not None:
         return RowAgents(default)
 
     def declare() -> DeclaredAgents:
-        from recipe.nemo_gym.gym.owned.job_config import merged_config
-        from recipe.nemo_gym.gym.owned.seams import section_config_paths, section_root
+        from recipe.nemo_gym.gym.owned.global_config import merged_config
+        from recipe.nemo_gym.gym.owned.gym_layout import section_config_paths, section_root
 
         return declared(merged_config(section_config_paths(section), section.config_overrides), section_root(section))
 

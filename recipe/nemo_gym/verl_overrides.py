@@ -10,6 +10,11 @@ vLLM's tool-call parsing. The environment's reward is the reward (`rm_scores`, p
 manager), so verl 0.9.1's `RewardLoopWorker` actors (8 by default, each a Python process importing verl and torch,
 about 1 GB) would never be called: `reward.num_workers=0` starts none (verl's V0 trainer calls them only to score
 a batch that has no `rm_scores`, and hands their list to the manager, which ignores it).
+The dataset reads one line per row through its offset index, so verl's DataLoader worker processes (8 for each of
+the train and validation loaders by default, forked from the TaskRunner) have nothing to do:
+`data.dataloader_num_workers=0` starts none. Started, they are SIGKILLed by Ray 2.60's core worker as the TaskRunner
+exits (`kill_child_processes_on_worker_exit`), which torch's DataLoader reports from its SIGCHLD handler as a
+traceback (`DataLoader worker (pid N) is killed by signal: Killed.`) after a run that succeeded.
 NeMo Gym's model server asks verl's vLLM for `tool_choice="auto"` whenever a row offers tools, which vLLM refuses
 (HTTP 400) unless its server runs with `--enable-auto-tool-choice` and a parser for the model's tool-call format
 (`hermes` for Qwen; `tool_call_parser=None` leaves both out).
@@ -61,5 +66,6 @@ def plugin_overrides(
         f"data.custom_cls.path=pkg://{DATASET_MODULE}",
         f"data.custom_cls.name={DATASET_CLASS}",
         f"+data.{PLUGIN_CONFIG_KEY}={agent_loop_config_path}",
+        "data.dataloader_num_workers=0",
         *tools,
     ]

@@ -30,9 +30,9 @@ from recipe.nemo_gym_demo.console import (
     OutputFolderInUse,
     hold_output_folder,
     run_job,
-    write_reward_plot,
 )
 from recipe.nemo_gym_demo.data import BLEND, demo_rows, write_jsonl
+from recipe.nemo_gym_demo.plot import write_reward_plot
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 
 
@@ -66,7 +66,7 @@ def _run(out: Path, steps: int) -> int:
     spec = JobSpec(
         out_dir=out,
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=BLEND,
+        environments_file=BLEND,
         train_files=[train],
         val_files=[val],
         steps=steps,

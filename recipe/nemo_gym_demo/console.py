@@ -2,17 +2,17 @@
 """A CPU job on this machine through the launcher, with the console the demo shows.
 
 `write_job(spec)` writes `<out>/job.yaml`, a job file of the launcher (`backend: cpu`, `recipe/nemo_gym/launch/`),
-and the plugin YAML it names; `run_job(spec)` runs `python -m recipe.nemo_gym.launch run <out>/job.yaml` (which
+and the environments file it names; `run_job(spec)` runs `python -m recipe.nemo_gym.launch run <out>/job.yaml` (which
 checks the job, composes verl's command, runs `main_ppo` and supervises it) and returns once it has ended, with
 verl's own per-step metrics (verl's `file` logger, JSONL). Nothing here composes verl's arguments or supervises the
 trainer: the launcher does both, for this console as for a Slurm job.
 
-What this module adds is what a user at a terminal looks at. The trainer's whole output goes to `<out>/main_ppo.log`
-(each line after the seconds since the start) and NeMo Gym's server logs to `<out>/nemo_gym_logs/`; the console
-shows the launcher's own lines (`launch: ...`: its checks, a signal received, how the run ended and, when the
-trainer failed, its error), the manager's progress lines and one summary line per step (reward per environment,
-loss, failures, rollout and packing time) built from the metrics, within a second of verl logging the step.
-`write_reward_plot` draws the reward of each environment per step. Also:
+What this module adds is what a user at a terminal looks at (`view.ConsoleView`). The trainer's whole output goes
+to `<out>/main_ppo.log` (each line after the seconds since the start) and NeMo Gym's server logs to
+`<out>/nemo_gym_logs/`; the console shows the launcher's own lines (`launch: ...`: its checks, a signal received, how
+the run ended and, when the trainer failed, its error), the manager's progress lines and one summary line per step
+(reward per environment, loss, failures, rollout and packing time) built from the metrics, within a second of verl
+logging the step. `plot.write_reward_plot` draws the reward of each environment per step. Also:
 - One job per output folder (`hold_output_folder`): a second job on a folder in use fails at once, naming the
   other job's PID, before it writes anything there.
 - SIGINT or SIGTERM to this process (Ctrl-C) is passed on to the launcher, which stops the trainer the way verl
@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,20 +39,16 @@ from typing import Any
 
 import yaml
 
-from recipe.nemo_gym.gym.owned.launch import RAY_START_TIMEOUT
+from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.launch.compose import TRAINER_MODULE
 from recipe.nemo_gym.ports import pick_free_port
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
+from recipe.nemo_gym_demo.view import ConsoleView
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROGRESS_MARKER = "NeMo Gym rollout:"
-"""Lines the manager logs while a batch runs; the console echoes them."""
 STOP_GRACE_S = 30
 """The job's `cluster.stop_grace_s`: how long a stopped trainer has to exit before its process group is killed."""
 LOCK_FILE = ".job.lock"
-STEP_POLL_S = 0.5
-"""How often the console looks for steps verl has logged."""
-HEAD_LINES = 400
-"""Lines of the trainer's start-up output kept for the Ray start-up retry."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +57,8 @@ class JobSpec:
 
     out_dir: Path
     model_dir: Path
-    agent_loop_config: Path
-    """The plugin YAML; copied into `out_dir` with NeMo Gym's log folder and head server port set."""
+    environments_file: Path
+    """The environments file; copied into `out_dir` with NeMo Gym's log folder and head server port set."""
     train_files: Sequence[Path]
     val_files: Sequence[Path]
     steps: int
@@ -129,7 +124,7 @@ class JobResult:
         return [s["data"].get(name) for s in self.steps]
 
 
-class OutputFolderInUse(RuntimeError):
+class OutputFolderInUse(ConfigError):
     """Another job holds the output folder; nothing of this job was written there."""
 
 
@@ -170,7 +165,7 @@ def hold_output_folder(out_dir: Path) -> Iterator[Path]:
 
 def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
     """The launcher's job (see `jobs/math.yaml` for every key) that `spec` describes, with `environments` as its
-    plugin YAML."""
+    environments file."""
     return {
         "backend": "cpu",
         "model": str(spec.model_dir),
@@ -199,7 +194,6 @@ def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
             "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
             "actor_rollout_ref.rollout.agent.num_workers=1",
             "algorithm.use_kl_in_reward=false",
-            "data.dataloader_num_workers=0",
             f"data.seed={spec.seed}",
             f"trainer.resume_mode={'auto' if spec.resume else 'disable'}",
             f"hydra.run.dir={spec.out_dir / 'hydra'}",
@@ -209,14 +203,14 @@ def job_keys(spec: JobSpec, environments: Path) -> dict[str, Any]:
 
 
 def write_job(spec: JobSpec) -> Path:
-    """Write the plugin YAML with NeMo Gym's log folder and head server port (`<out>/agent_loop.yaml`: NeMo Gym's
-    servers log to files, not the console), unless it attaches to a Gym started elsewhere, then the job file."""
+    """Write the environments file with NeMo Gym's log folder and head server port (`<out>/environments.yaml`: NeMo
+    Gym's servers log to files, not the console), unless it attaches to a Gym started elsewhere, then the job file."""
     spec.out_dir.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load(spec.agent_loop_config.read_text())
+    config = yaml.safe_load(spec.environments_file.read_text())
     if "attach" not in config["nemo_gym"]:  # an attached Gym logs and listens where it was started
         config["nemo_gym"]["log_dir"] = str(spec.nemo_gym_log_dir)
         config["nemo_gym"]["head_server"] = {"host": "127.0.0.1", "port": spec.head_port or pick_free_port()}
-    environments = spec.out_dir / "agent_loop.yaml"
+    environments = spec.out_dir / "environments.yaml"
     environments.write_text(yaml.safe_dump(config, sort_keys=False))
     spec.job_file.write_text(yaml.safe_dump(job_keys(spec, environments), sort_keys=False))
     return spec.job_file
@@ -228,7 +222,7 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     with hold_output_folder(spec.out_dir):
         write_job(spec)
         result, head = _run_once(spec, console, timeout_s, append=spec.resume)
-        if missed_ray_start(result, head):
+        if trainer_missed_ray_start(result, head):
             console(f"main_ppo: Ray's local node missed its 30 s start-up deadline ({RAY_START_TIMEOUT!r}); once more")
             result, _ = _run_once(spec, console, timeout_s, append=True)
     if result.exit_status != 0:
@@ -236,10 +230,10 @@ def run_job(spec: JobSpec, console: Callable[[str], None] = print, timeout_s: fl
     return result
 
 
-def missed_ray_start(result: JobResult, start_up_output: str) -> bool:
+def trainer_missed_ray_start(result: JobResult, start_up_output: str) -> bool:
     """The trainer failed before any step, with Ray's start-up deadline message in its output."""
     failed = result.exit_status != 0 and result.exit_status < 128  # not stopped by a signal
-    return failed and not result.steps and RAY_START_TIMEOUT in start_up_output
+    return failed and not result.steps and missed_ray_start(start_up_output)
 
 
 def launcher_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
@@ -251,74 +245,6 @@ def launcher_command(spec: JobSpec) -> tuple[list[str], dict[str, str]]:
     if spec.trainer_module != TRAINER_MODULE:
         env["NG_TRAINER_MODULE"] = spec.trainer_module
     return [sys.executable, "-m", "recipe.nemo_gym.launch", "run", str(spec.job_file)], env
-
-
-class _Console:
-    """The console's lines from three threads, in order: a step's summary before the launcher's last lines.
-
-    Two threads read the launcher's output; the third (`follow_steps`) reads verl's metrics file as it grows. A step's
-    summary cannot wait for the trainer's next line: verl's console logger prints a step before its file logger
-    writes it (verl 0.9.1's `Tracking` registers them in that order), and the next line may be a whole batch later.
-    """
-
-    def __init__(self, spec: JobSpec, console: Callable[[str], None], log: Any, started: float):
-        self.spec, self.console, self.log, self.started = spec, console, log, started
-        self.lock = threading.Lock()
-        self.steps = StepFollower(spec.metrics_file)
-        self.shown: set[int] = set()
-        self.head: list[str] = []
-        self.outcome: list[str] = []
-
-    def trainer_line(self, line: str) -> None:
-        with self.lock:
-            self.log.write(f"[{time.monotonic() - self.started:7.1f}s] {line}")  # where a slow start spends its time
-            if len(self.head) < HEAD_LINES:
-                self.head.append(line)
-            if PROGRESS_MARKER in line:
-                self.console(progress_text(line))
-            self.show_new_steps()
-
-    def launcher_line(self, line: str) -> None:
-        with self.lock:
-            self.log.write(line)
-            self.show_new_steps()
-            self.console(line.rstrip("\n"))
-            self.outcome.append(line.rstrip("\n"))
-
-    def show_new_steps(self) -> None:
-        for step in self.steps.new_steps():
-            if step["step"] not in self.shown:
-                self.shown.add(step["step"])
-                self.console(format_step(step))
-
-    def follow_steps(self, stop: threading.Event, interval_s: float = STEP_POLL_S) -> None:
-        while not stop.wait(interval_s):
-            with self.lock:
-                self.show_new_steps()
-
-
-class StepFollower:
-    """verl's metrics file (one JSON line per logged step) read as it grows: each call returns the steps of the
-    complete lines written since the last call, and `read` holds every step read so far. A line still being written
-    waits for the next call."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = 0
-        self.read: list[dict[str, Any]] = []
-
-    def new_steps(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        steps = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        self.read += steps
-        return steps
 
 
 def _read_into(pipe: Any, handle: Callable[[str], None]) -> None:
@@ -366,7 +292,7 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
     started = time.monotonic()
     with open(spec.log_file, "a" if append else "w", buffering=1) as log:
         log.write(f"$ {' '.join(argv)}\n")
-        view = _Console(spec, console, log, started)
+        view = ConsoleView(spec.metrics_file, console, log, started)
         with _signals_passed_on() as launcher_started:
             proc = subprocess.Popen(
                 argv,
@@ -408,74 +334,6 @@ def _run_once(spec: JobSpec, console: Callable[[str], None], timeout_s: float, a
     return result, "".join(view.head)
 
 
-_RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*pid=\d+[^)]*\)(\x1b\[[0-9;]*m)?\s*")
-
-
-# verl's log format in Ray workers: "WARNING:2026-11-23 16:18:43,651:<message>"
-_LOG_PREFIX = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d [\d:,]+:")
-
-
-def progress_text(line: str) -> str:
-    """A worker's progress line as the console shows it: without Ray's process tag or the log record prefix."""
-    return _LOG_PREFIX.sub("", _RAY_PREFIX.sub("", line.rstrip()))
-
-
-def environments(data: dict[str, Any]) -> list[str]:
-    """The environments a step's metrics report on (`timing_s/nemo_gym/<env>/episodes`), `all` excluded."""
-    found = {m.group(1) for key in data if (m := re.fullmatch(r"timing_s/nemo_gym/(.+)/episodes", key))}
-    return sorted(found - {"all"})
-
-
-def format_step(step: dict[str, Any]) -> str:
-    """One console line per logged step: what a user looks at, from verl's own metrics."""
-    data = step["data"]
-    gym = "timing_s/nemo_gym/"
-    parts = [f"step {step['step']}"]
-    # verl's core validation variable: the plugin's `acc` (the reward over episodes that did not fail).
-    vals = {k.split("/")[1]: v for k, v in data.items() if k.startswith("val-core/") and "/acc/" in k}
-    if vals:
-        parts.append("validation " + " ".join(f"{env}={v:.3f}" for env, v in sorted(vals.items())))
-    rewards = [f"{env}={data[f'{gym}{env}/reward/mean']:.3f}" for env in environments(data)]
-    if rewards:
-        parts.append("reward " + " ".join(rewards))
-    if "actor/pg_loss" in data:
-        parts.append(f"loss {data['actor/pg_loss']:+.4f} grad_norm {data.get('actor/grad_norm', float('nan')):.3g}")
-    if f"{gym}all/failed" in data:
-        parts.append(f"failed {int(data[f'{gym}all/failed'])}/{int(data[f'{gym}all/episodes'])}")
-    if f"{gym}rollout_wait" in data:
-        parts.append(f"rollout {data[f'{gym}rollout_wait']:.1f}s packing {1e3 * data[f'{gym}packing']:.0f}ms")
-    if "timing_s/step" in data:
-        parts.append(f"step {data['timing_s/step']:.0f}s")
-    return " | ".join(parts)
-
-
-def write_reward_plot(steps: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Mean training reward of each environment per step, as a PNG; None when no step reported a reward."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, list[tuple[int, float]]] = {}
-    for step in steps:
-        for env in environments(step["data"]):
-            series.setdefault(env, []).append((step["step"], step["data"][f"timing_s/nemo_gym/{env}/reward/mean"]))
-    if not series:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for env, points in sorted(series.items()):
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=env)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward (training batch)")
-    ax.set_title("NeMo Gym environments: reward per step (verl main_ppo, CPU)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def spec_to_json(spec: JobSpec) -> str:
     """`spec` as JSON, for `python -m recipe.nemo_gym_demo.console SPEC.json`."""
     return json.dumps({key: _plain(value) for key, value in spec.__dict__.items()}, indent=1)
@@ -492,7 +350,7 @@ def _plain(value: Any) -> Any:
 def spec_from_json(text: str) -> JobSpec:
     """A `JobSpec` from JSON; relative paths are taken from the current directory."""
     raw = json.loads(text)
-    for key in ("out_dir", "model_dir", "agent_loop_config"):
+    for key in ("out_dir", "model_dir", "environments_file"):
         raw[key] = Path(raw[key]).resolve()
     for key in ("train_files", "val_files"):
         raw[key] = [Path(p).resolve() for p in raw[key]]

@@ -32,7 +32,7 @@ def example_rows(
     """NeMo Gym's example rows for `agents`, each with `agent_ref` set as NeMo Gym's data preparation does, from
     the Gym in `environment` (`nemo_gym.environment`'s rule: unset, `$NEMO_GYM_ENV`, else `.venv-gym`)."""
     from recipe.nemo_gym.config import NeMoGymSection
-    from recipe.nemo_gym.gym.owned.seams import section_root
+    from recipe.nemo_gym.gym.owned.gym_layout import section_root
 
     root = section_root(NeMoGymSection(config_paths=["-"], environment=environment))
     rows = []

@@ -23,7 +23,7 @@ Leftovers: the session gives every process it starts a temporary folder of its o
 in the system's), so what test fixtures' servers leave there (vLLM's sockets, Ray's sessions) goes with it at the
 end. At the end it fails if any training run left its temporary folder (`ngjob-*`, which the launcher removes
 when a run ends), or if anything new is left in the system's temporary folder or in /dev/shm (nothing of the
-runs may be; `recipe/nemo_gym/leftovers.py` removes what vLLM and verl leave in /dev/shm). pytest's own folders
+runs may be; `recipe/nemo_gym/launch/leftovers.py` removes what vLLM and verl leave in /dev/shm). pytest's own folders
 (`pytest-of-<user>`) stay where pytest puts them.
 
 Plain helpers (free ports, process scans, stub servers, rows) are in `tests/support/helpers.py`.

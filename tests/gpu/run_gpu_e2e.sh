@@ -91,7 +91,7 @@ EXTRA_OVERRIDES=(
 # Megatron's modules are checked before anything runs (the submit script checks them again before Ray starts):
 # without them the Megatron run cannot start, and the FSDP run before it would have been spent for nothing.
 if [[ " $STRATEGIES " == *" megatron "* && "${DRY_RUN:-0}" != 1 ]]; then
-    PYTHONPATH="$REPO_DIR" "$PY" -m recipe.nemo_gym.preflight megatron ||
+    PYTHONPATH="$REPO_DIR" "$PY" -m recipe.nemo_gym.launch.preflight megatron ||
         { echo "run_gpu_e2e: STRATEGIES includes megatron (see above), or run STRATEGIES=fsdp" >&2; exit 1; }
 fi
 

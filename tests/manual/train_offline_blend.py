@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from recipe.nemo_gym.config import NeMoGymSection
-from recipe.nemo_gym.gym.owned.seams import section_root
+from recipe.nemo_gym.gym.owned.gym_layout import section_root
 from recipe.nemo_gym_demo.console import JobSpec, run_job
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
@@ -43,7 +43,7 @@ def main(out: Path) -> int:
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=BLEND,
+        environments_file=BLEND,
         train_files=[train],
         val_files=[val],
         steps=2,

@@ -2,10 +2,10 @@
 """NeMo Gym's catalogue played through the real manager: the shipped configs of some kinds in one Gym, every answer of
 their answer modules one episode (`tests/support/cpu_policy/catalogue/`), and the checks every stack passes.
 
-- `stack_config(kinds, path, judge_script, judge=None)`: the shipped plugin configs of `kinds`
-  (`recipe/nemo_gym/configs/<kind>.yaml`) as one plugin YAML: their Gym configs and overrides together, each answer
-  module's `TEST_OVERRIDES` (what its answers need to fit the tests' budget, never shipped) over them, and their judge
-  (or `judge`) with `judge_script` named in its `extra_body` (`script_choice.script_body`): the judge plays the
+- `stack_config(kinds, path, judge_script, judge=None)`: the shipped environments files of `kinds`
+  (`recipe/nemo_gym/configs/<kind>.yaml`) as one environments file: their Gym configs and overrides together, each
+  answer module's `TEST_OVERRIDES` (what its answers need to fit the tests' budget, never shipped) over them, and their
+  judge (or `judge`) with `judge_script` named in its `extra_body` (`script_choice.script_body`): the judge plays the
   answers' verdicts on the shared engine, as the policy plays their turns.
 - `play(tmp, engine, kinds, ...)`: that stack over verl's rollout on `engine` (`harness.manager_stack`), the answers'
   rows run as one batch; yields a `Played`. `extra` answers join the rows and the judge's script but not the batch
@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
-from recipe.nemo_gym.gym.owned.job_config import deep_merged
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.global_config import deep_merged
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from recipe.nemo_gym_demo.data import write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.cpu_policy import harness
@@ -51,7 +51,7 @@ def kind_answers(kinds: Sequence[str]) -> list[Answer]:
 
 
 def stack_config(kinds: Sequence[str], path: Path, judge_script: Path, judge: dict | None = None) -> Path:
-    """The shipped configs of `kinds` as one plugin YAML at `path` (see the module docstring)."""
+    """The shipped configs of `kinds` as one environments file at `path` (see the module docstring)."""
     configs = [yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text()) for kind in kinds]
     merged = configs[0]["nemo_gym"]
     for other in (config["nemo_gym"] for config in configs[1:]):

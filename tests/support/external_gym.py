@@ -27,8 +27,9 @@ import psutil
 from recipe.nemo_gym.gym.attach import SESSION_ID_SETTING
 from recipe.nemo_gym.gym.over_http.client import HeadClient
 from recipe.nemo_gym.gym.over_http.health import http_alive
-from recipe.nemo_gym.gym.owned import seams
+from recipe.nemo_gym.gym.owned import gym_layout
 from recipe.nemo_gym.gym.owned.environment import clean_environment, inspect_environment, locate_environment
+from recipe.nemo_gym.process_group import stop_group
 from tests.support.gym_runtime import TRAINING_MODEL_SERVER_CONFIG as MODEL_SERVER_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,8 +66,8 @@ def offline_gym_arguments(venv_dir: Path, cwd: Path = REPO_ROOT) -> list[str]:
     """What `attach_command` gets on this machine, which has no network (see the module docstring): each server's
     venv is a link, made here under `venv_dir`, to Gym's environment."""
     environment = inspect_environment(locate_environment(None))
-    shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
-    seams.link_server_venvs(venv_dir, seams.server_dirs([environment.install_root, cwd]), shim)
+    shim = gym_layout.write_interpreter_shim(venv_dir, str(environment.python))
+    gym_layout.link_server_venvs(venv_dir, gym_layout.server_dirs([environment.install_root, cwd]), shim)
     return ["+skip_venv_if_present=true", f"+uv_venv_dir={venv_dir}"]
 
 
@@ -144,16 +145,7 @@ class ExternalGym:
         return sorted(found)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
-            if not self.pids():
-                break
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + wait_s
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
+        stop_group(self.process.pid, grace_s, first=signal.SIGINT)  # Gym's own orderly stop, then SIGKILL
         # Orphans that left the group keep the session: kill whatever is left of it.
         for pid in self.pids():
             try:

@@ -3,20 +3,20 @@
 
 In production the agent loop manager creates the one `BackgroundLoop`, hands it to `connect_gym` and awaits
 `gym.connection.collect` on it. Tests that drive a Gym directly have no manager, so:
-- `gym_config(config_paths, head_port, ...)` is the validated plugin YAML for them (`NeMoGymConfig`), the training
+- `gym_config(config_paths, head_port, ...)` is the validated environments file for them (`NeMoGymConfig`), the training
   model server's config put first, as the shipped YAMLs do.
 - `start_gym(config, policy)` starts a `LoopOwningGym`: an `OwnedGym` on a `BackgroundLoop` it owns, closed by
   its `shutdown()` after the Gym's own teardown (and so also at interpreter exit, through the exit hooks).
 - `collect_blocking(gym, examples, deadline_s, ...)` runs `gym.connection.collect` on the Gym's loop and waits
   for it; the batch deadline bounds it and the loop's timeout (30 s more) backs it.
 
-For the OwnedGym tests (`tests/cpu/unit/gym/test_gym_runtime_units.py`,
+For the OwnedGym tests (`tests/cpu/unit/gym/test_owned_launch.py` and its neighbours,
 `tests/cpu/integration/test_gym_runtime.py`): the wheel's workplace and math configs (`WORKPLACE_CONFIG`,
 `MATH_CONFIG`), `gym_processes` (the live server processes of one head port), and a policy stub steered by markers
 in the prompt (`PolicyStub`; `stub_math_row` writes them).
 
 For tests of the agent loop manager's Gym (`test_manager_exit.py`, `test_manager_lifetime.py`): the manager reads
-its plugin YAML from a file, which `write_math_plugin(path, head_port, ...)` writes for the math environment; their
+its environments file, which `write_math_plugin(path, head_port, ...)` writes for the math environment; their
 policy is a `PolicyStub` too (`tests/cpu/conftest.py`'s `policy_stub_address`).
 """
 
@@ -33,8 +33,8 @@ import psutil
 from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.over_http.collect import RowOutcome
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.owned.launch import OwnedGym
+from recipe.nemo_gym.gym.types import PolicyServers
 from tests.support.helpers import ChatCompletionStub, chat_completion, math_row, nemo_gym_processes
 
 TRAINING_MODEL_SERVER_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
@@ -43,7 +43,7 @@ MATH_CONFIG = "resources_servers/math_with_judge/configs/math_with_judge.yaml"
 
 
 def write_math_plugin(path: Path, head_port: int, *, log_dir: Path | None = None) -> Path:
-    """The plugin YAML of NeMo Gym's math environment over the training model server, its head server on
+    """The environments file of NeMo Gym's math environment over the training model server, its head server on
     `head_port` (tests find its processes by it), at `path`."""
     logs = f"  log_dir: {log_dir}\n" if log_dir else ""
     path.write_text(
@@ -59,7 +59,7 @@ def write_math_plugin(path: Path, head_port: int, *, log_dir: Path | None = None
 def gym_config(
     config_paths: Sequence[str], head_port: int, *, timeouts: Mapping[str, Any] | None = None, **nemo_gym: Any
 ) -> NeMoGymConfig:
-    """The plugin YAML for a Gym of these environments on `head_port` (`nemo_gym` keys and `timeouts` as given)."""
+    """The environments file for a Gym of these environments on `head_port` (`nemo_gym` keys, `timeouts` as given)."""
     paths = [TRAINING_MODEL_SERVER_CONFIG, *(p for p in config_paths if p != TRAINING_MODEL_SERVER_CONFIG)]
     section = {"config_paths": paths, "head_server": {"port": head_port}, **nemo_gym}
     return NeMoGymConfig.model_validate({"nemo_gym": section, "timeouts": dict(timeouts or {})})
@@ -72,7 +72,7 @@ def policy_servers(url: str, model_name: str = "policy") -> PolicyServers:
 class LoopOwningGym(OwnedGym):
     """An `OwnedGym` that closes its loop once shut down (the loop was made for it by `start_gym`). Only the Gym that
     `start` returned owns it: a failed attempt's shutdown must leave it open, since `OwnedGym.start` may start once
-    more on the same loop (a launcher whose Ray missed Ray's start-up deadline; seen on a slow hour, 2026-11-29)."""
+    more on the same loop (a launcher whose Ray missed Ray's start-up deadline, which a busy machine causes)."""
 
     owns_loop = False
 

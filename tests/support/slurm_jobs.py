@@ -22,6 +22,7 @@ import psutil
 import pytest
 import yaml
 
+from recipe.nemo_gym.ray_start import missed_ray_start
 from tests.support import slurm_cluster
 from tests.support.helpers import REPO_ROOT as REPO
 from tests.support.helpers import set_keys
@@ -69,14 +70,13 @@ def wait_until_gone(cluster, marker: str, timeout_s: float = 30) -> list[str]:
 # Ray's own start-up gives the raylet a fixed 30 s to register (ray/_private/node.py); on a 2-core machine that
 # other work keeps busy, `ray start` can miss it. That is no fault of the scripts (which then fail the job as they
 # should), so a job that failed exactly so is submitted once more, with a warning.
-RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def submit_ray_job(cluster, tmp_path: Path, script: Path, *script_args: str, **kwargs):
     """`submit`, once more (with a warning) if Ray's head missed Ray's own start-up deadline."""
     record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)
     ray_died = "exited before it answered on" in log or "exited while the job ran" in log
-    if record.get("JobState") == "FAILED" and RAY_START_TIMEOUT in log and ray_died:
+    if record.get("JobState") == "FAILED" and missed_ray_start(log) and ray_died:
         job = record.get("JobId")
         warnings.warn(f"job {job}: `ray start` missed Ray's start-up deadline; submitting again", stacklevel=2)
         record, log, left = submit(cluster, tmp_path, script, *script_args, **kwargs)

@@ -5,11 +5,11 @@ The plugin starts, signals and stops no process of an attached Gym: the trainer'
 (SIGKILL included), leaves it running for the next trainer.
 
 Contract:
-- `AttachedGym.attach(config, policy, loop=..., relay_host=...)` takes the validated plugin YAML (`nemo_gym.attach`,
-  `timeouts`) and verl's policy servers. It waits, within `timeouts.startup_s`, until the head server at
-  `attach.head_server_url` lists its servers and every one answers HTTP (Gym may still be starting when the
-  trainer is). It then reads the configuration and refuses, naming the key and the fix (`GymConfigError`), one
-  whose rows could not be run, scored (`GymConnection.adopt`) or trained on (`policy_handover`): the policy model
+- `AttachedGym.attach(config, policy, loop=..., relay_host=...)` takes the validated environments file
+  (`nemo_gym.attach`, `timeouts`) and verl's policy servers. It waits, within `timeouts.startup_s`, until the head
+  server at `attach.head_server_url` lists its servers and every one answers HTTP (Gym may still be starting when the
+  trainer is). It then reads the configuration and refuses, naming the key and the fix (`GymConfigError`), one whose
+  rows could not be run, scored (`GymConnection.adopt`) or trained on (`policy_handover`): the policy model
   server must exist, have an `endpoint_file` (Gym 0.7's `vllm_model`; absolute, or `attach.endpoint_file` given),
   return token IDs, and ask for the model verl serves. Rows then reach it through `connection`
   (`over_http.connection.GymConnection`).
@@ -27,7 +27,7 @@ Contract:
   the policy as unpublished instead of retrying a dead address), and closes the connection. Idempotent; also run
   at interpreter exit, and `kill_now()` (the unpublishing) on SIGTERM (`exit_hooks.py`). Nothing else: no Gym
   process is touched. A trainer that dies before any of these runs (SIGKILL; Ray SIGKILLs its TaskRunner about
-  0.1 s after SIGTERM) has its address withdrawn all the same, by an `owned.watchdog.Watchdog` started before the
+  0.1 s after SIGTERM) has its address withdrawn all the same, by an `watchdog.Watchdog` started before the
   address was published (`clear_on_exit`), which empties the file if it still holds that address.
 """
 
@@ -48,11 +48,12 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym import exit_hooks
 from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance, get_json
-from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch, wait_until_answering
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.relay import PolicyRelay
-from recipe.nemo_gym.limits import ConnectionLimits
+from recipe.nemo_gym.gym.types import PolicyServers
+from recipe.nemo_gym.gym.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,18 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], comm
     """Every check of `checks`, then the job composed for `command`. In a dry run a `Deferred` problem is only
     reported."""
     dry_run = command == "dry-run"
+
+    def deferrable(check):
+        try:
+            return check()
+        except checks.Deferred as e:
+            if not dry_run:
+                raise
+            say(f"DRY_RUN: a real run would stop here: {e}")
+            return None
+
     checks.check_data(job)
+    environments = deferrable(lambda: checks.check_environments(job))
     launch = compose(
         job,
         backend_of(job, environ, own_ray=command == "run" and not environ.get("RAY_ADDRESS")),
@@ -61,17 +72,9 @@ def prepare(job: Job, overrides: Sequence[str], environ: Mapping[str, str], comm
         wandb=bool(environ.get("WANDB_API_KEY")),
         pythonpath=environ.get("PYTHONPATH", ""),
     )
-    for check in (
-        lambda: checks.check_stack(job, REPO_ROOT / "uv.lock", environ),
-        lambda: checks.check_megatron_modules(job, launch.overrides),
-    ):
-        try:
-            check()
-        except checks.Deferred as e:
-            if not dry_run:
-                raise
-            say(f"DRY_RUN: a real run would stop here: {e}")
-    say(f"NeMo Gym: {checks.check_gym_environment(job)}")
+    deferrable(lambda: checks.check_stack(job, REPO_ROOT / "uv.lock", environ))
+    deferrable(lambda: checks.check_megatron_modules(job, launch.overrides))
+    say(f"NeMo Gym: {checks.check_gym_environment(job, environments)}")
     return launch
 
 

@@ -115,11 +115,12 @@ class Job(_Section):
     checkpoint_dir: Path
     """verl's `trainer.default_local_dir`, on a file system every node sees."""
     environments: Path
-    """The plugin YAML: NeMo Gym's environments and agents (`recipe/nemo_gym/configs/`)."""
+    """The environments file: NeMo Gym's environments and agents (`recipe/nemo_gym/configs/`)."""
     data: JobData
     gym_env: Path | None = None
-    """NeMo Gym's Python environment (Python 3.13). None: the plugin YAML's `nemo_gym.environment`, else
-    `$NEMO_GYM_ENV`, else `<repo>/.venv-gym` (built by ./setup.sh)."""
+    """NeMo Gym's Python environment (Python 3.13), handed to the trainer as `$NEMO_GYM_ENV`. None: the environments
+    file's `nemo_gym.environment`, else `$NEMO_GYM_ENV`, else `<repo>/.venv-gym` (built by ./setup.sh). Where both this
+    and `nemo_gym.environment` are set they must name the same one (`launch check`)."""
     cluster: Cluster = Cluster()
     training: Training = Training()
     logging: Logging = Logging()

@@ -28,8 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from recipe.nemo_gym.failure_cause import failure_cause
-from recipe.nemo_gym.leftovers import remove_leftovers
+from recipe.nemo_gym.launch.failure_cause import failure_cause
+from recipe.nemo_gym.launch.leftovers import remove_leftovers
 from recipe.nemo_gym.process_group import signal_group, stop_group
 
 TAIL_LINES = 5000

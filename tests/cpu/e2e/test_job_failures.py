@@ -52,7 +52,7 @@ def _rows(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def plugin_yaml(tmp_path_factory) -> Path:
+def environments_file(tmp_path_factory) -> Path:
     """uppercase_share alone, health-checked every 2 s (a dead server is seen within seconds)."""
     path = tmp_path_factory.mktemp("plugin") / "uppercase.yaml"
     path.write_text(
@@ -71,11 +71,11 @@ def plugin_yaml(tmp_path_factory) -> Path:
     return path
 
 
-def _spec(tmp_path: Path, plugin_yaml: Path, train: Path, *, steps: int = 1, out: Path | None = None) -> JobSpec:
+def _spec(tmp_path: Path, environments_file: Path, train: Path, *, steps: int = 1, out: Path | None = None) -> JobSpec:
     return JobSpec(
         out_dir=out or tmp_path / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=plugin_yaml,
+        environments_file=environments_file,
         train_files=[train],
         val_files=[train],
         steps=steps,
@@ -159,14 +159,14 @@ def _trainer_temp(job: RunningJob) -> Path:
     return Path(folder)
 
 
-def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_and_line(tmp_path, plugin_yaml):
+def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_and_line(tmp_path, environments_file):
     rows = [json.dumps(row) for row in _rows(32)]  # every row of uppercase_share's training file
     rows[6] = rows[6][:-5]  # line 7: cut short
     rows[11] = json.dumps({"agent_ref": {"name": UPPERCASE}})  # line 12: no responses_create_params
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(rows) + "\n")
     before = _job_temp_folders()
-    job = RunningJob(_spec(tmp_path, plugin_yaml, train), "bad-rows")
+    job = RunningJob(_spec(tmp_path, environments_file, train), "bad-rows")
     assert job.finish() == 1, job.console()
     lines = job.lines
     assert not any(line.startswith("step ") for line in lines), job.console()  # nothing trained
@@ -189,16 +189,16 @@ def test_bad_rows_fail_before_verl_starts_a_worker_listing_every_one_with_file_a
 STAND_IN = "tests.support.stand_in_trainer"
 
 
-def _stand_in_spec(tmp_path: Path, plugin_yaml: Path) -> JobSpec:
+def _stand_in_spec(tmp_path: Path, environments_file: Path) -> JobSpec:
     """The launcher's own semantics need no training: a process that behaves like `main_ppo` for the launcher (its
     own process group with a child, a file in its TMPDIR, the manager's ready line, verl's way of stopping on
     SIGINT) stands in for the trainer (`stand_in_trainer.py`)."""
     train = write_jsonl(_rows(8), tmp_path / "train.jsonl")
-    return dataclasses.replace(_spec(tmp_path, plugin_yaml, train, steps=4), trainer_module=STAND_IN)
+    return dataclasses.replace(_spec(tmp_path, environments_file, train, steps=4), trainer_module=STAND_IN)
 
 
-def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, plugin_yaml):
-    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "ctrl-c")
+def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path, environments_file):
+    job = RunningJob(_stand_in_spec(tmp_path, environments_file), "ctrl-c")
     job.wait_for_log(READY)
     os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the console's process group
     assert job.finish() == 130, job.console()
@@ -212,12 +212,12 @@ def test_ctrl_c_stops_the_trainer_with_sigint_and_exits_130_in_one_line(tmp_path
     assert not _trainer_temp(job).exists()  # the run's temporary folder is removed
 
 
-def test_a_step_verl_logs_is_on_the_console_while_the_trainer_goes_on_printing_nothing(tmp_path, plugin_yaml):
+def test_a_step_verl_logs_is_on_the_console_while_the_trainer_goes_on_printing_nothing(tmp_path, environments_file):
     """verl prints a step's metrics before it writes them to the file the console reads (its console logger comes
     first), and the trainer's next line may be a whole batch later: the console shows the step from the file as it
     grows, not at the trainer's next line (in CI a step shown a batch late let `test_main_ppo`'s next step finish)."""
     step = tmp_path / "step"
-    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "step-shown", env={STEP_FILE_ENV: str(step)})
+    job = RunningJob(_stand_in_spec(tmp_path, environments_file), "step-shown", env={STEP_FILE_ENV: str(step)})
     job.wait_for_log(READY)
     step.touch()  # the stand-in logs step 1 to verl's metrics file, then prints nothing and waits
     line = "step 1 | reward stand_in_simple_agent=1.000"
@@ -232,8 +232,8 @@ def test_a_step_verl_logs_is_on_the_console_while_the_trainer_goes_on_printing_n
     assert job.left_behind() == []
 
 
-def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugin_yaml):
-    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "sigkill")
+def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, environments_file):
+    job = RunningJob(_stand_in_spec(tmp_path, environments_file), "sigkill")
     job.wait_for_log(READY)
     assert kill_processes_with_env(MARKER, job.marker, STAND_IN), "no trainer process found"
     assert job.finish() == 137, job.console()
@@ -243,13 +243,13 @@ def test_a_trainer_killed_by_a_signal_is_reported_as_that_signal(tmp_path, plugi
     assert not _trainer_temp(job).exists()  # the run's temporary folder is removed
 
 
-def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_under_tmp(tmp_path, plugin_yaml):
+def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_under_tmp(tmp_path, environments_file):
     long_temp = tmp_path / ("t" * 40)  # with Ray's session and socket names below it, past the 107-byte limit
     long_temp.mkdir()
     finish = tmp_path / "finish"
     finish.touch()  # the stand-in trainer logs one step and exits 0 at once
     env = {"TMPDIR": str(long_temp), FINISH_FILE_ENV: str(finish)}
-    job = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "long-tmpdir", env=env)
+    job = RunningJob(_stand_in_spec(tmp_path, environments_file), "long-tmpdir", env=env)
     assert job.finish(timeout_s=120) == 0, job.console()
     assert (
         f"launch: TMPDIR {long_temp} is too long for the Unix socket paths of Ray under it: the job's temporary folder "
@@ -261,9 +261,9 @@ def test_a_tmpdir_too_long_for_rays_sockets_moves_the_jobs_temporary_folder_unde
     assert job.left_behind() == []
 
 
-def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, plugin_yaml):
+def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(tmp_path, environments_file):
     finish = tmp_path / "finish"  # the stand-in trainer logs a step and exits 0 once this exists
-    first = RunningJob(_stand_in_spec(tmp_path, plugin_yaml), "first", env={FINISH_FILE_ENV: str(finish)})
+    first = RunningJob(_stand_in_spec(tmp_path, environments_file), "first", env={FINISH_FILE_ENV: str(finish)})
     first.wait_for_log(READY)  # the trainer is up and writing its log
     written = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in first.spec.out_dir.glob("*.*")}
     started = time.monotonic()
@@ -275,7 +275,7 @@ def test_two_jobs_on_one_folder_the_second_refuses_at_once_and_the_first_trains(
         "or give this job another output folder"
     ), second.console()
     assert refused_in < 60, refused_in  # before any trainer start-up
-    for name, digest in written.items():  # the job file and the plugin YAML are the first job's still
+    for name, digest in written.items():  # the job file and the environments file are the first job's still
         if name != "main_ppo.log":
             assert hashlib.sha256((first.spec.out_dir / name).read_bytes()).hexdigest() == digest, name
     assert first.proc.poll() is None  # the refusal did not touch the running job

@@ -16,7 +16,8 @@ checkpoint folder, or the advantages verl's `compute_advantage` returned (the pl
 - workplace episodes really call tools (environment tokens are masked in the batch), and no episode failed;
 - uppercase_share's agent runs as two copies (`nemo_gym.replicas`), and its rows are spread over both;
 - the checkpoint is written and a resumed run trains one more step; nothing is left running afterwards, and no
-  shared-memory segment or socket of the runs is left in /dev/shm or /tmp;
+  shared-memory segment or socket of the runs is left in /dev/shm or /tmp; the first run's output, the trainer's
+  lines and the launcher's, holds no traceback;
 - a failed episode changes no statistic. Step 3's batch holds two rows of `fail_on_request` (tests/cpu/gym_envs/,
   a real Gym 0.7 resources server added to the blend): one whose first verify fails once (retried, recovered), one
   whose first sample fails on every try (masked). Every other row's advantage is verl's GRPO over the valid rows
@@ -46,10 +47,11 @@ import yaml
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from recipe.nemo_gym.advantages import ADVANTAGE_LOG_ENV
-from recipe.nemo_gym.leftovers import candidates, held_files, orphans
-from recipe.nemo_gym_demo.console import JobResult, JobSpec, environments, run_job
+from recipe.nemo_gym.launch.leftovers import candidates, held_files, orphans
+from recipe.nemo_gym_demo.console import JobResult, JobSpec, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, example_rows, with_tools, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.view import environments
 from tests.support.cpu_policy.episodes import example_episodes_policy
 from tests.support.engine import TEST_KV_CACHE, scripted_overrides
 from tests.support.helpers import GYM_ENVS, kill_processes_with_env, processes_left_with_env
@@ -145,6 +147,8 @@ class Runs:
     first: JobResult
     second: JobResult
     second_console: KillPolicyAfterStep
+    first_log: str
+    """The first run's whole output (the trainer's and the launcher's lines), as `launch run` prints it."""
     marker: str
     """The runs' folder: `RUN_MARKER`'s value."""
     window: tuple[float, float]
@@ -161,7 +165,7 @@ def runs(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=blend_with_flaky_server(out / "blend.yaml"),
+        environments_file=blend_with_flaky_server(out / "blend.yaml"),
         train_files=[train],
         val_files=[val],
         steps=2,
@@ -180,13 +184,14 @@ def runs(tmp_path_factory):
         patch.setenv("NEMO_GYM_EXTRA_ROOTS", str(GYM_ENVS))  # where Gym finds fail_on_request
         patch.setenv(ADVANTAGE_LOG_ENV, str(out / "advantages.jsonl"))
         first = run_job(spec, console=print)
+        first_log = Path(spec.log_file).read_text()  # the resumed run appends to the same file
         # Step 4 (the next epoch's first batch) never comes: its policy server is killed once step 3 is shown, which the
         # console does within a second of verl logging it, while step 4's rollout (about 5 s) still waits on the server.
         console = KillPolicyAfterStep(str(out), step=3)
         second = run_job(
             JobSpec(**{**spec.__dict__, "steps": 4, "resume": True, "val_before_train": False}), console=console
         )
-    return Runs(spec, first, second, console, str(out), (started, time.time()))
+    return Runs(spec, first, second, console, first_log, str(out), (started, time.time()))
 
 
 def _training_steps(result) -> list[dict]:
@@ -200,6 +205,13 @@ def test_main_ppo_trains_two_steps_with_exit_code_zero_and_a_resumed_run_trains_
     assert runs.second_console.killed, f"the resumed run did not reach step 3: {second.cause}; see {spec.log_file}"
     assert [s["step"] for s in first.steps if "actor/grad_norm" in s["data"]] == [1, 2]
     assert [s["step"] for s in second.steps if "actor/grad_norm" in s["data"]] == [3]
+
+
+def test_a_successful_run_prints_no_traceback_however_its_processes_end(runs):
+    # verl's DataLoader workers, which Ray SIGKILLs as the TaskRunner exits, are what printed one (`verl_overrides`)
+    assert runs.first.exit_status == 0
+    assert runs.first_log.count("launch: training finished") == 1
+    assert "Traceback" not in runs.first_log, runs.spec.log_file
 
 
 def test_actor_log_probs_equal_rollout_log_probs_at_every_step(runs):

@@ -34,9 +34,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.nemo_gym_demo.console import JobSpec, environments, run_job
+from recipe.nemo_gym_demo.console import JobSpec, run_job
 from recipe.nemo_gym_demo.data import BLEND, UPPERCASE_ROWS, write_jsonl
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
+from recipe.nemo_gym_demo.view import environments
 from tests.support.catalogue_stack import kind_answers
 from tests.support.cpu_policy.answers import judge_policy
 from tests.support.cpu_policy.script import ScriptedPolicy
@@ -94,7 +95,7 @@ def run(tmp_path_factory):
     spec = JobSpec(
         out_dir=out / "job",
         model_dir=Path(tiny_qwen3_dir()),
-        agent_loop_config=catalogue_blend(out / "blend.yaml", judge_policy(answers).to_file(out / "judge.json")),
+        environments_file=catalogue_blend(out / "blend.yaml", judge_policy(answers).to_file(out / "judge.json")),
         train_files=[train],
         val_files=[train],
         steps=2,

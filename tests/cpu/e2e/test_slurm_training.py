@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.nemo_gym.leftovers import candidates, held_files, orphans
+from recipe.nemo_gym.launch.leftovers import candidates, held_files, orphans
 from tests.support.engine import TEST_KV_CACHE
 from tests.support.helpers import processes_with_env
 from tests.support.slurm_jobs import SUBMIT, job_failure, submit_ray_job, wait_for_step, write_job
@@ -102,7 +102,6 @@ def test_submit_multienv_trains_under_slurm_and_a_killed_gym_server_ends_the_job
         slurm,
         tmp_path,
         SUBMIT,
-        "data.dataloader_num_workers=0",
         TEST_KV_CACHE,
         timeout_s=1500,
         while_running=kill_after_step_1(slurm, tmp_path / "job-%j.log", "math_with_judge"),

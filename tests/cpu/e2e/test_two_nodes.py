@@ -9,7 +9,7 @@ the bridge's address. Nothing is replaced: the jobs are submitted the way users 
   (offline venv links are the one difference), running the repository's `uppercase_share` environment.
 - The training job (partition `gpu`, `sbatch --nodes=2 submit_math.sh`, submitted right after the Gym's, as users
   submit the two: the plugin waits for the Gym while its own start-up runs): a `backend: cpu` job with `cluster.nnodes:
-  2` and the attach plugin YAML naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
+  2` and the attach environments file naming `http://cpu1:<port>`. `ray_on_slurm.sh` starts Ray's head on node1 and a
   worker on node2; verl's trainer runs FSDP across one logical GPU per node and one vLLM server per node; the plugin
   puts a relay in front of the two servers and hands Gym its address, and its two collect processes
   (`nemo_gym.collect_processes: 2`) post the rows to the CPU node's Gym and read the results.
@@ -213,7 +213,7 @@ def run(nodes, tmp_path_factory):
             logging={"project": "nemo_gym_two_nodes", "experiment": "cpu_backend", "loggers": ["console"]},
             # Each node's engine holds the tests' 128 MiB of KV cache: at the CPU backend's 512, two engines' 1 GiB
             # was resident beside the other worker's modules (the suite's peak, 17.1 GiB, 2026-11-29).
-            verl_overrides=["data.shuffle=false", "data.dataloader_num_workers=0", TEST_KV_CACHE],
+            verl_overrides=["data.shuffle=false", TEST_KV_CACHE],
         )
         kill_node2 = kill_node_ray_after_step_2(cluster, tmp_path / "job-%j.log", "node2")
         servers = []

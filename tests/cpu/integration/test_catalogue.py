@@ -4,7 +4,7 @@ judge-scored, each scoring a right and a wrong answer to one of its own example 
 
 Path under test (nothing replaced; vLLM is its CPU build): Gym's example rows (`.venv-gym`: Gym 0.7) -> the plugin's
 dataset -> the real manager over verl's vLLM rollout (the suite's shared engine, splice patch armed; each row names
-its script) -> Gym's servers, started from the shipped plugin configs of `recipe/nemo_gym/configs/` (one per kind),
+its script) -> Gym's servers, started from the shipped environments files of `recipe/nemo_gym/configs/` (one per kind),
 several kinds to a stack (`STACKS`) -> the packed DataProto and the step's metrics (`tests/support/catalogue_stack.py`).
 The answers, and why each server scores them so: `tests/support/cpu_policy/catalogue/` (one module per shipped config).
 

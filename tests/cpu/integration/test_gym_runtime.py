@@ -11,7 +11,9 @@ tests' many batches), steered per request by markers in the prompt (answer, dela
 
 The tests that kill servers or shut the stack down get a stack of their own (`own_stack`), so the tests pass
 in any order; in file order they come last and take the shared one. The pure parts (config paths, the config Gym
-is handed, run targets, the batch core, the event loop) are tested in `tests/cpu/unit/gym/test_gym_runtime_units.py`.
+is handed, run targets, the batch core, the event loop) are tested in the unit tier, a module each
+(`tests/cpu/unit/gym/`: `test_gym_layout.py`, `test_global_config.py`, `test_client.py`, `test_collect.py`,
+`test_owned_launch.py`; `tests/cpu/unit/test_event_loop.py`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from recipe.nemo_gym.gym.owned.launch import OwnedGym, check_port_free
 from recipe.nemo_gym.metrics import environment_metrics
 from recipe.nemo_gym.packing.batch import BatchPacker
 from recipe.nemo_gym.packing.episode import episode_from_result
+from recipe.nemo_gym.ray_start import missed_ray_start
 from tests.support.gym_runtime import MATH_CONFIG as MATH
 from tests.support.gym_runtime import WORKPLACE_CONFIG as WORKPLACE
 from tests.support.gym_runtime import (
@@ -260,7 +263,7 @@ def test_lean_ray_hands_the_launcher_its_rays_address_and_ends_as_the_launcher_e
                 env=env, capture_output=True, text=True, timeout=120, start_new_session=True,
             )  # fmt: skip
             ray_left = [p.pid for p in psutil.process_iter(["cmdline"]) if ray_tmp in " ".join(p.info["cmdline"] or [])]
-        if launch.RAY_START_TIMEOUT not in holder.stderr:
+        if not missed_ray_start(holder.stderr):
             break
     args = re.search(r"launcher args: \[(.*)\]", holder.stdout)
     assert args, holder.stdout + holder.stderr

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from recipe.nemo_gym_demo.tiny_model import tiny_qwen3_dir
 from tests.support.catalogue_stack import Played, check_scores, check_tokens, kind_answers, play
 from tests.support.cpu_policy import harness

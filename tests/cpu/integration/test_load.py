@@ -9,8 +9,9 @@ test reads that report and the servers' own logs. A 1024 file limit makes the de
 past the 153 connections per host they allow, so the one run shows both that the limits are taken from the file
 limit and that the episodes beyond them queue instead of failing.
 
-The limits formula (`recipe/nemo_gym/limits.py`) is checked with exact values in `tests/cpu/unit/test_limits.py`;
-a trainer that raises or is sent SIGTERM with its manager's Gym up is `test_manager_lifetime.py`'s.
+The limits formula (`recipe/nemo_gym/gym/over_http/limits.py`) is checked with exact values in
+`tests/cpu/unit/gym/test_limits.py`; a trainer that raises or is sent SIGTERM with its manager's Gym up is
+`test_manager_lifetime.py`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY, derive_connection_limits, server_soft_limit
+from recipe.nemo_gym.gym.over_http.limits import (
+    LIMIT_KEY,
+    LIMIT_PER_HOST_KEY,
+    derive_connection_limits,
+    server_soft_limit,
+)
 from tests.support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration

@@ -46,7 +46,7 @@ N = 2
 
 def gym_root():
     from recipe.nemo_gym.config import NeMoGymSection
-    from recipe.nemo_gym.gym.owned.seams import section_root
+    from recipe.nemo_gym.gym.owned.gym_layout import section_root
 
     return section_root(NeMoGymSection(config_paths=["-"]))  # Gym's own files, in its environment
 
@@ -60,7 +60,7 @@ def tools_and_games_rows() -> list[dict]:
 
 
 def both_configs(path):
-    """The offline blend's plugin config with tools_and_games' servers added: one stack for both."""
+    """The offline blend's environments file with tools_and_games' servers added: one stack for both."""
     config = yaml.safe_load(OFFLINE_BLEND.read_text())
     paths = config["nemo_gym"]["config_paths"]
     paths += [p for p in yaml.safe_load(TOOLS_AND_GAMES.read_text())["nemo_gym"]["config_paths"] if p not in paths]

@@ -216,7 +216,7 @@ def scripted_policy(model_dir: Path) -> ScriptedPolicy:
     )
 
 
-def _plugin_yaml(folder: Path) -> Path:
+def _environments_file(folder: Path) -> Path:
     path = folder / "plugin.yaml"
     path.write_text(
         f"""
@@ -240,7 +240,7 @@ def _stack_inputs(folder: Path) -> tuple[Path, list[str], Path]:
     data = write_jsonl(list(ROWS.values()), folder / "rows.jsonl")
     overrides = harness.cpu_trainer_overrides(
         model_dir,
-        _plugin_yaml(folder),
+        _environments_file(folder),
         prompt_length=PROMPT_LENGTH,
         response_length=RESPONSE_LENGTH,
         n=1,

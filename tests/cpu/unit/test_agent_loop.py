@@ -47,6 +47,7 @@ class FakeRuntime:
 
     def __init__(self) -> None:
         self.batches: list[list[dict]] = []
+        self.connection = self  # one object plays the Gym and its connection
 
     async def collect(self, examples, deadline_s, health_check_interval_s, **retry):
         self.batches.append(list(examples))
@@ -87,7 +88,7 @@ def setup(tmp_path_factory):
     dataset = NeMoGymJSONLDataset(data_files=[str(data)], tokenizer=None, processor=None, config=config.data)
     manager = NeMoGymAgentLoopManager(config, llm_client=None)
     manager._loop = BackgroundLoop(name="test-agent-loop")  # noqa: SLF001 - the runtime is what the test replaces
-    manager._gym = manager._connection = runtime = FakeRuntime()  # noqa: SLF001
+    manager._gym = runtime = FakeRuntime()  # noqa: SLF001
     manager.agent_names = runtime.agent_names
     try:
         yield {"config": config, "dataset": dataset, "manager": manager, "runtime": runtime}

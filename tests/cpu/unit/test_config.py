@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin YAML: shipped configs load, bad keys and unset variables are named."""
+"""The environments file: shipped configs load, bad keys and unset variables are named."""
 
 import pytest
 
 from recipe.nemo_gym.config import ConfigError, load_config
-from recipe.nemo_gym.gym.owned.seams import section_config_paths
+from recipe.nemo_gym.gym.owned.gym_layout import section_config_paths
 from tests.support.helpers import REPO_ROOT
 
 CONFIG_DIR = REPO_ROOT / "recipe" / "nemo_gym" / "configs"
@@ -63,9 +63,9 @@ def test_missing_file_and_out_of_range_values_are_errors(tmp_path):
 
 
 def test_config_paths_resolve_by_the_rule_the_runtime_checks(tmp_path, monkeypatch):
-    """One rule (`gym.owned.seams.check_config_paths`): the current directory first, then NeMo Gym's root; with
+    """One rule (`gym.owned.gym_layout.check_config_paths`): the current directory first, then NeMo Gym's root; with
     `nemo_gym.root` set, relative paths are taken under it, as `OwnedGym.start` hands them to Gym."""
-    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 
     model = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
     local = tmp_path / "resources_servers/mine/configs/mine.yaml"

@@ -146,7 +146,7 @@ def test_bytes_that_are_not_utf8_are_a_bad_row_not_a_crash(tmp_path):
 # ------------------------------------------------------------- when verl builds the dataset, before its workers
 
 
-def _plugin_yaml(tmp_path, check_rows: bool = True):
+def _environments_file(tmp_path, check_rows: bool = True):
     path = tmp_path / "plugin.yaml"
     path.write_text(yaml.safe_dump({"nemo_gym": {"config_paths": ["a.yaml"]}, "data": {"check_rows": check_rows}}))
     return path
@@ -160,7 +160,7 @@ def test_before_workers_every_configured_row_is_checked_once_and_every_bad_one_l
         {
             "train_files": [str(train)],
             "val_files": [str(val), str(train)],
-            PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path)),
+            PLUGIN_CONFIG_KEY: str(_environments_file(tmp_path)),
         }
     )
     with pytest.raises(DataFilesError) as raised:
@@ -175,7 +175,7 @@ def test_before_workers_every_configured_row_is_checked_once_and_every_bad_one_l
 def test_before_workers_files_that_passed_are_not_read_again_until_they_change(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text(_row() + "\n" + _row() + "\n")
-    data = {"train_files": str(train), "val_files": str(train), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path))}
+    data = {"train_files": str(train), "val_files": str(train), PLUGIN_CONFIG_KEY: str(_environments_file(tmp_path))}
     assert check_before_workers(data) == DataCheck(rows=2, bad=())
     assert check_before_workers(data) is None  # the validation dataset, built next from the same config
     train.write_text(_row() + "\n[]\n")
@@ -188,7 +188,7 @@ def test_before_workers_nothing_is_read_without_the_plugin_yaml_or_with_check_ro
     train.write_text("{cut short\n")
     assert check_before_workers(None) is None
     assert check_before_workers({"train_files": str(train)}) is None
-    off = {"train_files": str(train), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path, check_rows=False))}
+    off = {"train_files": str(train), PLUGIN_CONFIG_KEY: str(_environments_file(tmp_path, check_rows=False))}
     assert check_before_workers(off) is None
 
 
@@ -196,7 +196,7 @@ def test_before_workers_a_missing_file_is_left_to_the_dataset_that_opens_it(tmp_
     train = tmp_path / "train.jsonl"
     train.write_text(_row() + "\n")
     missing = tmp_path / "val.jsonl"
-    data = {"train_files": str(train), "val_files": str(missing), PLUGIN_CONFIG_KEY: str(_plugin_yaml(tmp_path))}
+    data = {"train_files": str(train), "val_files": str(missing), PLUGIN_CONFIG_KEY: str(_environments_file(tmp_path))}
     assert configured_files(data) == ([str(train)], [str(missing)])
     assert check_before_workers(data) == DataCheck(rows=1, bad=())
 

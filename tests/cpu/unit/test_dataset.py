@@ -118,8 +118,8 @@ def test_verl_loads_the_class_through_data_custom_cls(tmp_path):
 
 
 def test_in_a_job_verl_building_the_dataset_refuses_every_bad_row_of_train_and_val_files(tmp_path):
-    """`main_ppo` builds the datasets before it starts a worker: with the recipe's overrides (the plugin YAML named
-    in `data.nemo_gym_config`) every row of both files is checked then, as verl builds the training dataset."""
+    """`main_ppo` builds the datasets before it starts a worker: with the recipe's overrides (the environments file
+    named in `data.nemo_gym_config`) every row of both files is checked then, as verl builds the training dataset."""
     train = write(tmp_path / "train.jsonl", [row(0), "{cut short", row(2)])
     val = write(tmp_path / "val.jsonl", [row(3), {"agent_ref": {"name": "env1"}}])
     plugin = REPO_ROOT / "recipe" / "nemo_gym" / "configs" / "uppercase.yaml"
@@ -203,7 +203,7 @@ def test_nemo_gyms_example_rows_without_agent_ref_take_the_agent_whose_config_de
     """The shipped `configs/knowledge.yaml` and three of its servers' example files in `.venv-gym` as they ship: mcqa's,
     string_match's and polymath's rows name no agent, and each takes the one whose Gym config declares the file (the
     check before verl's workers agrees); a file no agent declares, in a blend of several, is refused by line."""
-    from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+    from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 
     servers = nemo_gym_install_root() / "resources_servers"
     agents = {

@@ -56,7 +56,7 @@ def test_harness_and_the_demos_job_start_from_the_plugin_overrides(tmp_path):
     spec = JobSpec(
         out_dir=tmp_path / "out",
         model_dir=Path("/model"),
-        agent_loop_config=blend,
+        environments_file=blend,
         train_files=[tmp_path / "t.jsonl"],
         val_files=[tmp_path / "v.jsonl"],
         steps=1,

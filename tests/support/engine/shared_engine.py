@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from recipe.nemo_gym.cpu_backend.overrides import KV_CACHE_BYTES
+from recipe.nemo_gym.process_group import stop_group
 from tests.support.engine import kv_cache_override
 
 # 256 sequences in a batch and the CPU backend's KV cache (512 MiB, not the tests' 128: its load is 512 episodes).
@@ -109,7 +110,7 @@ class SharedEngine:
         try:
             process.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            stop_group(process.pid, grace_s=0, first=None)  # SIGKILL to its group, confirmed gone
             process.wait(timeout=30)
 
 

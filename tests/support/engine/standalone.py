@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from recipe.nemo_gym.cpu_backend.overrides import cpu_env, cpu_overrides
-from recipe.nemo_gym.leftovers import remove_leftovers
+from recipe.nemo_gym.launch.leftovers import remove_leftovers
 from tests.support.engine import SCRIPT_ENV, SCRIPTED_PROCESSOR, TEST_KV_CACHE
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from recipe.nemo_gym.failures import EpisodeFailure
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.over_http.outcomes import (
     context_overflow_failure,
     missing_verdict_failure,
@@ -222,6 +223,17 @@ class HeadClient:
 
 
 # ----------------------------------------------------------------------------------------- rows
+
+
+def client_session(overrides: Mapping[str, Any]) -> Any:
+    """The aiohttp session rows are posted on, its connection limits those handed to Gym's own clients (the limit
+    keys of Gym's global config in `overrides`; aiohttp's defaults where they are absent)."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(
+        limit=int(overrides.get(LIMIT_KEY, 100)), limit_per_host=int(overrides.get(LIMIT_PER_HOST_KEY, 0))
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 def make_post_run(session: Any, router: LeastBusy[RunTarget]) -> Callable[[int, Mapping[str, Any]], Any]:

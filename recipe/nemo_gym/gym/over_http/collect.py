@@ -46,9 +46,9 @@ def validate_examples(
 ) -> list[str]:
     """Each row's agent server name, or one `ValueError` naming every row that cannot run (first 10 shown).
 
-    The one check of a row's `agent_ref.name` against the agents NeMo Gym started: the manager runs it on verl's
-    rows before it builds a request (`labels` then name the batch row and dataset index, `config` the plugin
-    YAML), and `GymConnection.collect` on whatever it is given. Nothing has been sent when it raises.
+    The one check of a row's `agent_ref.name` against the agents NeMo Gym started, run by `GymConnection.collect` on
+    every batch before anything is sent (the manager's `labels` name verl's batch row and dataset index; `config`
+    names the Gym's configuration). Nothing has been sent when it raises.
     """
     agents, bad = [], []
     for i, row in enumerate(examples):

@@ -14,7 +14,7 @@ Contract:
   `reading`'s, given once), each joined to the parent by a socket
   pair and holding its own event loop and aiohttp session (`connector_limits` split among them, so that together
   they open no more connections than the manager alone would), and returns once each has said it is ready; one
-  that is not within 60 s is a `RuntimeError` (the others are stopped).
+  that is not within 60 s is a `CollectProcessDidNotStart` (a `ServerError`; the others are stopped).
 - `post_run(router)` is a `post_run` for `collect.run_examples_in_order`: each row goes to the child with
   the fewest rows in flight, which posts it to the agent copy `router` picked, exactly as `client.post_row` does in
   the manager, and sends back the row's `Episode` (`packing.episode.read_episode` with `reading`'s limits) or its
@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipe.nemo_gym.errors import ServerError
 from recipe.nemo_gym.failures import EpisodeFailure, RolloutAborted
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
+from recipe.nemo_gym.gym.types import CollectSettings
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +63,8 @@ _READY_S = 60.0
 _REPOSITORY = Path(__file__).resolve().parents[4]
 
 
-@dataclass(frozen=True)
-class EpisodeReading:
-    """How results are read into episodes where they arrive: by `processes` collect processes, with the trainer's
-    prompt length and the reward components it requires (`packing.episode.read_episode`)."""
-
-    processes: int
-    max_prompt_length: int | None = None
-    required_components: tuple[str, ...] = ()
+class CollectProcessDidNotStart(ServerError):
+    """A collect process did not say it was ready (its imports, its session) within 60 s; `servers` names it."""
 
 
 def split_limits(connector_limits: Mapping[str, Any], count: int) -> dict[str, int]:
@@ -112,7 +108,7 @@ class _Child:
 class CollectProcesses:
     """The manager's collect processes; see the module docstring."""
 
-    def __init__(self, reading: EpisodeReading, connector_limits: Mapping[str, Any]):
+    def __init__(self, reading: CollectSettings, connector_limits: Mapping[str, Any]):
         if reading.processes < 1:
             raise ValueError(f"collect processes: need at least one, got {reading.processes}")
         self.count = reading.processes
@@ -156,9 +152,10 @@ class CollectProcesses:
                 await asyncio.wait_for(read_frame(reader), _READY_S)
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
                 await self.close()
-                raise RuntimeError(
+                raise CollectProcessDidNotStart(
                     f"NeMo Gym: {child.describe()} did not start within {_READY_S:.0f} s (its exit status: "
-                    f"{process.poll()}; its error, if any, is above): {e!r}"
+                    f"{process.poll()}; its error, if any, is above): {e!r}",
+                    servers=(child.describe(),),
                 ) from None
             child.listener = asyncio.create_task(self._listen(child, reader), name=f"collect-process-{process.pid}")
         logger.warning(
@@ -238,8 +235,7 @@ class CollectProcesses:
 
 
 async def _serve(sock: socket.socket, settings: Mapping[str, Any]) -> None:
-    from recipe.nemo_gym.gym.over_http.client import post_row
-    from recipe.nemo_gym.gym.over_http.connection import client_session
+    from recipe.nemo_gym.gym.over_http.client import client_session, post_row
     from recipe.nemo_gym.packing.episode import read_episode
 
     reader, writer = await asyncio.open_connection(sock=sock)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """`GymConnection`: a running NeMo Gym seen over HTTP, whoever started it: its servers, where each agent's rows go,
-and `collect`, which runs a batch. `PolicyServers`: verl's policy servers, which Gym's model server calls.
+and `collect`, which runs a batch of rows against verl's policy servers (`types.PolicyServers`).
 
 Contract:
 - The Gym the plugin starts (`owned/launch.py`) and the one it attaches to (`attach.py`) each hold a
@@ -18,7 +18,7 @@ Contract:
 - While a batch waits, `collect` runs `check_gym` and probes verl's policy servers and the judge's servers outside
   Gym, `judge_urls` (`health.PolicyWatch`: `timeouts.policy_health_failures` consecutive probes without an answer
   abort the batch, naming the server).
-- `collect(..., reading=EpisodeReading(processes=N, ...))` posts the rows and reads their results from N collect
+- `collect(..., reading=CollectSettings(processes=N, ...))` posts the rows and reads their results from N collect
   processes (`collect_processes.py`, started at the first such batch, with its settings, and kept until `close()`): each
   outcome is then an `Episode` or an `EpisodeFailure`, never a result dict. Without it (the default) rows are posted on
   the loop and results come back as Gym's dicts.
@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from recipe.nemo_gym.config import Timeouts
@@ -41,34 +40,16 @@ from recipe.nemo_gym.gym.over_http.client import (
     AGENT_SERVER_TYPE,
     RunTarget,
     ServerInstance,
+    client_session,
     make_post_run,
     pairing_problems,
     run_targets,
 )
 from recipe.nemo_gym.gym.over_http.collect import ProgressLine, RowOutcome, run_examples_in_order, validate_examples
-from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses, EpisodeReading
+from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses
 from recipe.nemo_gym.gym.over_http.health import PolicyWatch
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_of
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
-
-
-@dataclass(frozen=True)
-class PolicyServers:
-    """verl's policy servers, known only once the trainer runs: their OpenAI base URLs and the model they serve."""
-
-    base_urls: tuple[str, ...]
-    model_name: str
-
-    def __post_init__(self) -> None:
-        urls = (self.base_urls,) if isinstance(self.base_urls, str) else tuple(str(u) for u in self.base_urls)
-        object.__setattr__(self, "base_urls", urls)
-        if not urls:
-            raise GymConfigError("no policy server: give the base URLs of verl's vLLM servers")
-        bad = [url for url in urls if not url.startswith(("http://", "https://"))]
-        if bad:
-            raise GymConfigError(f"policy server base URLs {bad} are not http(s) URLs")
-        if not self.model_name:
-            raise GymConfigError("the policy servers' model name is empty")
+from recipe.nemo_gym.gym.types import CollectSettings, PolicyServers
 
 
 class GymConnection:
@@ -86,6 +67,7 @@ class GymConnection:
         connector_limits: Mapping[str, Any],
         not_before: float = 0.0,
         judge_urls: Sequence[str] = (),
+        what: str = "this NeMo Gym configuration",
     ):
         self.loop = loop  # borrowed: the caller created it and closes it, after `close()`
         self.servers = tuple(servers)
@@ -100,6 +82,7 @@ class GymConnection:
         self.processes: CollectProcesses | None = None  # the collect processes, once a batch has asked for them
         self.router: LeastBusy[RunTarget] | None = None  # the last batch's: how many rows went to each agent copy
         self.closed = False
+        self.what = what  # the configuration's files or URL, as errors name it
 
     @classmethod
     def adopt(
@@ -124,7 +107,7 @@ class GymConnection:
                 "allow_unsupported_pairing: true in Gym's configuration (Gym's own waiver; in "
                 "nemo_gym.config_overrides when the plugin starts Gym)"
             )
-        return cls(loop, servers, targets, **kwargs)
+        return cls(loop, servers, targets, what=what, **kwargs)
 
     @property
     def agent_names(self) -> frozenset[str]:
@@ -142,12 +125,17 @@ class GymConnection:
         retries: int = 0,
         retry_delay_s: float = 0.0,
         attempts: list[int] | None = None,
-        reading: EpisodeReading | None = None,
+        reading: CollectSettings | None = None,
+        labels: Sequence[str] | None = None,
+        config: str | None = None,
     ) -> list[RowOutcome]:
         """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
         With `reading`, rows are posted and read into episodes by collect processes (see the module docstring).
+        Every row is checked first (`collect.validate_examples`, the one check of a row against this Gym's agents;
+        `labels` name the rows in its `ConfigError`, `config` the configuration, else `what`): nothing is sent if one
+        cannot run.
 
-        The times come from the plugin config (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
+        The times come from the environments file (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
         the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
         `attempts` receives each row's number of runs: see `collect.run_examples_in_order`)."""
         if self.closed:
@@ -157,7 +145,7 @@ class GymConnection:
                 f"GymConnection.collect must run on the loop it was given ({self.loop.name!r}): its HTTP session is "
                 "bound to it; await it there, e.g. `await connection.loop.arun(...)`"
             )
-        validate_examples(examples, self.agent_names)
+        validate_examples(examples, self.agent_names, labels=labels, config=config or self.what)
         wait = self.not_before - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -213,14 +201,3 @@ class GymConnection:
 
         with contextlib.suppress(Exception):
             self.loop.run(_close(), timeout=30.0, what="closing the NeMo Gym HTTP session and collect processes")
-
-
-def client_session(overrides: Mapping[str, Any]) -> Any:
-    """The aiohttp session rows are posted on, its connection limits those handed to Gym's own clients (the limit
-    keys of Gym's global config in `overrides`; aiohttp's defaults where they are absent)."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(
-        limit=int(overrides.get(LIMIT_KEY, 100)), limit_per_host=int(overrides.get(LIMIT_PER_HOST_KEY, 0))
-    )
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))

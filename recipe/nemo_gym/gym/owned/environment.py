@@ -5,7 +5,7 @@ Contract:
 - NeMo Gym never runs in the trainer's interpreter. Since 0.5 it needs Python >= 3.13.14 and verl 0.9.1 needs
   < 3.13, so Gym lives in an environment of its own (`./setup.sh` builds `.venv-gym` with Gym 0.7) and is
   started as a separate process tree; the plugin speaks to it over HTTP only (`client.py`).
-- `locate_environment(configured)` picks the environment: the plugin YAML's `nemo_gym.environment`, else
+- `locate_environment(configured)` picks the environment: the environments file's `nemo_gym.environment`, else
   `$NEMO_GYM_ENV`, else `<repository>/.venv-gym`. A venv folder or its Python executable are both accepted.
 - `inspect_environment(python)` asks that interpreter, in one short subprocess that imports no Gym code (only
   `importlib.metadata` and `find_spec`), which nemo-gym it holds and where Gym's files are. What it reports

@@ -2,22 +2,23 @@
 """`OwnedGym`: one NeMo Gym configuration the plugin starts out of process, supervises and stops, leaving nothing.
 
 Contract:
-- `OwnedGym.start(config, policy, loop=...)` takes the validated plugin YAML (`config.NeMoGymConfig`) and verl's policy
-  servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release, 0.4.x or 0.7.x,
-  is read from it, and any other is refused naming it), checks that every config path exists and that the head server's
-  port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4) from that environment as a process
-  tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`, under
-  `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers), offline
-  (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a venv). Gym
-  reads the plugin's keys last (`job_config.global_config`; with them the judge's, `job_config.judge_overrides`, which
-  also refuses a resources server whose judge no config defines before anything starts). It returns once the head server
-  lists the servers and every one answers HTTP, within `timeouts.startup_s`. If the launcher or a server dies, or the
-  deadline passes, everything started is stopped and the error names what failed and shows the last lines of its log. A
-  head server that could not bind its port (taken between the check and Gym's bind) is named as soon as the launcher
-  logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until the deadline. One start-up failure is
-  retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and a few seconds apart: Gym's launcher
-  ending because its Ray missed Ray's fixed start-up deadline (`missed_ray_start`), which a CPU-starved node can cause
-  (twice in a row, on a 2-core machine starting two other Rays) and a later start does not meet again.
+- `OwnedGym.start(config, policy, loop=...)` takes the validated environments file (`config.NeMoGymConfig`) and verl's
+  policy servers (`PolicyServers`). It finds Gym's Python environment (`environment.py`; its nemo-gym release, 0.4.x or
+  0.7.x, is read from it, and any other is refused naming it), checks that every config path exists and that the head
+  server's port is free, then starts Gym's own launcher (`gym env start`, `ng_run` on 0.4) from that environment as a
+  process tree of its own: a new session, SIGINT at its default action, no `RAY_*` variable and a private `RAY_TMPDIR`,
+  under `lean_ray.py` (a private Ray for Gym, never the trainer's, without Ray's dashboard or prestarted workers),
+  offline (each server's venv is a link to a shim that runs the Gym environment's interpreter, so no server builds a
+  venv). Gym reads the plugin's keys last (`global_config.global_config`; with them the judge's,
+  `global_config.judge_overrides`, which also refuses a resources server whose judge no config defines before anything
+  starts). It returns once the head server lists the servers and every one answers HTTP, within `timeouts.startup_s`. If
+  the launcher or a server dies, or the deadline passes, everything started is stopped and the error names what failed
+  and shows the last lines of its log. A head server that could not bind its port (taken between the check and Gym's
+  bind) is named as soon as the launcher logs it (`head_server_bind_error`): Gym 0.7's launcher would wait for it until
+  the deadline. One start-up failure is retried, up to `RAY_START_ATTEMPTS` starts in all, within the same deadline and
+  a few seconds apart: Gym's launcher ending because its Ray missed Ray's fixed start-up deadline
+  (`launcher_missed_ray_start`), which a CPU-starved node can cause (twice in a row, on a 2-core machine starting two
+  other Rays) and a later start does not meet again.
 - Nothing of NeMo Gym is imported here. Rows reach Gym through `connection` (`over_http.connection.GymConnection`,
   on the caller's `loop`, borrowed: never created or closed here), whose health check while a batch waits is this
   Gym's `check_health`.
@@ -41,7 +42,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -55,9 +55,10 @@ from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym import exit_hooks
 from recipe.nemo_gym.gym.errors import GymServerDied, GymStartTimeout, HeadPortInUseError
 from recipe.nemo_gym.gym.over_http.client import HeadClient, ServerInstance
-from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+from recipe.nemo_gym.gym.over_http.connection import GymConnection
 from recipe.nemo_gym.gym.over_http.health import wait_until_answering
-from recipe.nemo_gym.gym.owned import seams
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
+from recipe.nemo_gym.gym.owned import gym_layout
 from recipe.nemo_gym.gym.owned.environment import (
     GymEnvironment,
     clean_environment,
@@ -65,7 +66,7 @@ from recipe.nemo_gym.gym.owned.environment import (
     launcher_argv,
     locate_environment,
 )
-from recipe.nemo_gym.gym.owned.job_config import (
+from recipe.nemo_gym.gym.owned.global_config import (
     cache_root,
     deep_merged,
     global_config,
@@ -82,8 +83,10 @@ from recipe.nemo_gym.gym.owned.liveness import (
     server_health,
 )
 from recipe.nemo_gym.gym.owned.processes import ProcessTree, exit_description
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
-from recipe.nemo_gym.limits import ConnectionLimits
+from recipe.nemo_gym.gym.types import PolicyServers
+from recipe.nemo_gym.gym.watchdog import Watchdog
+from recipe.nemo_gym.ports import bind_problem
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT, missed_ray_start
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +98,7 @@ _FINISHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 # asyncio's error when a listening socket cannot bind (`loop.create_server`), which uvicorn logs before it exits.
 _BIND_ERROR = re.compile(r"\[Errno \d+\] error while attempting to bind on address \('[^']*', (?P<port>\d+)\)[^\n]*")
 HEAD_SERVER = "head_server"
-# Ray's error when its local node's raylet has not registered with the GCS within a fixed 30 s (`Node.__init__`,
-# ray/_private/node.py, Ray 2.60; not configurable). `lean_ray.py` starts Gym's Ray and exits with it.
-RAY_START_TIMEOUT = "The current node timed out during startup"
+# `lean_ray.py` starts Gym's Ray and exits with it, so Gym's launcher ends on Ray's start-up deadline (`ray_start.py`).
 RAY_START_ATTEMPTS = 3
 _RAY_RETRY_PAUSE_S = 5.0  # lets the load that starved the first start pass
 
@@ -113,38 +114,19 @@ def head_server_bind_error(launcher_log: str, port: int) -> str | None:
     return None
 
 
-def missed_ray_start(error: BaseException) -> bool:
+def launcher_missed_ray_start(error: BaseException) -> bool:
     """Whether a start-up failure is Gym's launcher ending on Ray's start-up deadline (its log tail, in the message)."""
-    return isinstance(error, GymServerDied) and LAUNCHER in error.servers and RAY_START_TIMEOUT in str(error)
-
-
-def port_holder(host: str, port: int) -> str | None:
-    """`pid N (name)` of a process listening on `port`, when the OS lets us see it."""
-    try:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                with contextlib.suppress(psutil.Error):
-                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-                return f"pid {conn.pid}"
-    except (psutil.Error, OSError):
-        pass
-    return None
+    return isinstance(error, GymServerDied) and LAUNCHER in error.servers and missed_ray_start(str(error))
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raise `HeadPortInUseError` unless `host:port` can be bound the way uvicorn binds it (SO_REUSEADDR)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            holder = port_holder(host, port)
-            by = f" by {holder}" if holder else ""
-            raise HeadPortInUseError(
-                f"NeMo Gym head server port {host}:{port} is already in use{by} ({e.strerror}). "
-                "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
-            ) from None
+    """Raise `HeadPortInUseError` unless `host:port` can be bound the way uvicorn binds it (`ports.bind_problem`)."""
+    problem = bind_problem(host, port)
+    if problem is not None:
+        raise HeadPortInUseError(
+            f"NeMo Gym head server port {host}:{port} is already in use{problem}. "
+            "Choose another nemo_gym.head_server.port, or stop whatever holds it (another run's NeMo Gym?)."
+        )
 
 
 class OwnedGym:
@@ -156,7 +138,9 @@ class OwnedGym:
         self.config = config
         self.policy = policy
         self.loop = loop  # borrowed: see the module docstring
-        self.overrides = overrides  # Gym's global-config keys from the plugin YAML (`job_config.gym_overrides`)
+        self.overrides = (
+            overrides  # Gym's global-config keys from the environments file (`global_config.gym_overrides`)
+        )
         self.connection: GymConnection | None = None
         self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None
@@ -203,7 +187,7 @@ class OwnedGym:
             try:
                 return cls._start_once(config, policy, loop, overrides, deadline)
             except GymServerDied as e:
-                if not missed_ray_start(e) or deadline - time.monotonic() < 2 * _RAY_RETRY_PAUSE_S:
+                if not launcher_missed_ray_start(e) or deadline - time.monotonic() < 2 * _RAY_RETRY_PAUSE_S:
                     raise
                 logger.warning(
                     "NeMo Gym's launcher ended because its Ray missed Ray's 30 s start-up deadline (%r; a busy node); "
@@ -219,7 +203,7 @@ class OwnedGym:
     ) -> OwnedGym:
         section = config.nemo_gym
         environment = inspect_environment(locate_environment(section.environment))
-        files = seams.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
+        files = gym_layout.check_config_paths(section.rooted_config_paths(), Path.cwd(), environment.install_root)
         merged = merged_config(files, overrides)
         if section.replicas:
             copies = replica_keys(section.replicas, merged, files)
@@ -243,10 +227,10 @@ class OwnedGym:
         section, environment = self.config.nemo_gym, self.environment
         assert environment is not None
         cache = cache_root()
-        venv_dir = section.venv_dir or seams.default_venv_dir(cache, str(environment.python))
-        shim = seams.write_interpreter_shim(venv_dir, str(environment.python))
-        roots = [environment.install_root, Path.cwd(), *seams.extra_roots(os.environ)]
-        seams.link_server_venvs(venv_dir, seams.server_dirs(roots), shim)
+        venv_dir = section.venv_dir or gym_layout.default_venv_dir(cache, str(environment.python))
+        shim = gym_layout.write_interpreter_shim(venv_dir, str(environment.python))
+        roots = [environment.install_root, Path.cwd(), *gym_layout.extra_roots(os.environ)]
+        gym_layout.link_server_venvs(venv_dir, gym_layout.server_dirs(roots), shim)
 
         # A short private folder: Ray's socket paths under it must stay within the 107 bytes a Unix socket allows.
         self.run_dir = Path(tempfile.mkdtemp(prefix="ng-gym-", dir="/tmp" if Path("/tmp").is_dir() else None))
@@ -306,7 +290,7 @@ class OwnedGym:
             )
             raise GymStartTimeout(
                 f"NeMo Gym servers not ready within {self.config.timeouts.startup_s:g}s; {what}."
-                f"{seams.file_tail(self.launcher_log)}",
+                f"{gym_layout.file_tail(self.launcher_log)}",
                 not_ready or [HEAD_SERVER],
             )
         gym_config = head.config()
@@ -329,7 +313,7 @@ class OwnedGym:
         text = self._launcher_log_text()
         named = sorted(set(_FINISHED.findall(text)))
         what = f"server(s) {named} ended {when}, and its launcher" if named else f"launcher ended {when}: it"
-        tail = self._log_tail(named[0]) if named else seams.file_tail(self.launcher_log)
+        tail = self._log_tail(named[0]) if named else gym_layout.file_tail(self.launcher_log)
         raise GymServerDied(f"NeMo Gym's {what} {exit_description(code)}.{tail}", named or [LAUNCHER])
 
     def _raise_if_head_could_not_listen(self, code: int | None, when: str) -> None:
@@ -347,7 +331,7 @@ class OwnedGym:
         launcher = "" if code is None else f" Its launcher {exit_description(code)}."
         raise GymServerDied(
             f"NeMo Gym's head server could not listen on {head.host}:{head.port} {when}: {error}.{why}{launcher}"
-            f"{seams.file_tail(self.launcher_log)}",
+            f"{gym_layout.file_tail(self.launcher_log)}",
             [HEAD_SERVER],
         )
 
@@ -388,7 +372,7 @@ class OwnedGym:
 
     def _log_tail(self, server: str) -> str:
         """A dead server's own log (Gym writes one per server), else the launcher's (every server's lines)."""
-        return seams.log_tail(self.log_dir, server) or seams.file_tail(self.launcher_log)
+        return gym_layout.log_tail(self.log_dir, server) or gym_layout.file_tail(self.launcher_log)
 
     async def _check_gym(self) -> None:
         self.check_health()

@@ -5,8 +5,9 @@ Contract:
 - `ProcessTree` holds NeMo Gym's launcher (a child of this process, started in a session of its own) and
   remembers every process of that session and every descendant of the launcher (refreshed on every look, so
   none is lost if its parent dies first).
-  `terminate_all(grace_s)` sends the launcher's process group SIGINT (Gym's own shutdown: it interrupts every
-  server and stops its Ray), SIGKILLs whatever is left after a bounded grace, and reaps the launcher;
+  `terminate_all(grace_s)` stops the launcher's process group with `process_group.stop_group`: SIGINT (Gym's own
+  shutdown: it interrupts every server and stops its Ray), SIGKILL to whatever is left after a bounded grace; then
+  SIGKILL to any remembered process outside the group, and reaps the launcher;
   `kill_all()` sends SIGKILL to every process at once and waits for nothing.
 """
 
@@ -17,12 +18,11 @@ import logging
 import signal
 import subprocess
 import threading
-import time
 
 import psutil
 
-from recipe.nemo_gym.gym.owned.watchdog import session_members
-from recipe.nemo_gym.process_group import signal_group
+from recipe.nemo_gym.gym.watchdog import session_members
+from recipe.nemo_gym.process_group import signal_group, stop_group
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +81,12 @@ class ProcessTree:
                 proc.kill()
 
     def terminate_all(self, grace_s: float) -> tuple[int, ...]:
-        """SIGINT to the launcher's group, SIGKILL what is left after `grace_s`, reap the launcher; the pids that
+        """SIGINT to the launcher's group and SIGKILL to what is left of it after `grace_s` (`stop_group`), then
+        SIGKILL to any process of the launcher's session or tree outside that group; reap the launcher. The pids that
         survived SIGKILL."""
-        procs = self.live()
-        if self.launcher_exit_code() is None:
-            signal_group(self.sid, signal.SIGINT)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p) for p in procs + self.live()):
-            time.sleep(0.1)
+        self.refresh()  # every member known before the group goes, so that one that leaves it is still found
+        first = signal.SIGINT if self.launcher_exit_code() is None else None
+        stop_group(self.sid, grace_s, first=first)
         left = self.live()
         for proc in left:
             with contextlib.suppress(psutil.Error):

@@ -13,22 +13,19 @@ import pytest
 import yaml
 
 from recipe.nemo_gym.launch.job import load_job
+from recipe.nemo_gym.ray_start import RAY_START_TIMEOUT
 from recipe.nemo_gym_demo.console import (
-    RAY_START_TIMEOUT,
     REPO_ROOT,
     STOP_GRACE_S,
     JobResult,
     JobSpec,
     OutputFolderInUse,
-    StepFollower,
-    environments,
-    format_step,
     hold_output_folder,
     launcher_command,
-    missed_ray_start,
-    progress_text,
+    trainer_missed_ray_start,
     write_job,
 )
+from recipe.nemo_gym_demo.view import StepFollower, environments, format_step, progress_text
 
 GYM = "timing_s/nemo_gym/"
 
@@ -84,12 +81,12 @@ def test_the_metrics_file_is_read_as_it_grows_each_step_once_and_a_half_written_
 
 def test_only_a_run_that_failed_at_rays_start_up_deadline_is_run_again():
     log = f"Exception: {RAY_START_TIMEOUT}. This could happen because some of the raylet failed to startup\n"
-    assert missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), log)
-    assert not missed_ray_start(JobResult(exit_status=0, elapsed_s=60.0), log)
-    assert not missed_ray_start(JobResult(exit_status=130, elapsed_s=60.0), log)  # stopped: never started again
-    assert not missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), "ValueError: bad override\n")
+    assert trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=0, elapsed_s=60.0), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=130, elapsed_s=60.0), log)  # stopped: never started again
+    assert not trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0), "ValueError: bad override\n")
     # once a step ran, a failure is the job's own: never run a training job twice
-    assert not missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0, steps=[{"step": 1, "data": {}}]), log)
+    assert not trainer_missed_ray_start(JobResult(exit_status=1, elapsed_s=60.0, steps=[{"step": 1, "data": {}}]), log)
 
 
 def test_a_failed_trainers_error_is_read_from_the_launchers_last_lines():
@@ -113,7 +110,7 @@ def _spec(tmp_path: Path, **keys) -> JobSpec:
     keys = {
         "out_dir": tmp_path / "out",
         "model_dir": tmp_path / "model",
-        "agent_loop_config": plugin,
+        "environments_file": plugin,
         "train_files": [tmp_path / "t.jsonl"],
         "val_files": [tmp_path / "v.jsonl"],
         "steps": 3,
@@ -143,14 +140,14 @@ def test_the_written_job_is_a_valid_launcher_job_with_the_specs_sizes_and_the_lo
     ]
     # NeMo Gym's servers log into the output folder and listen on the spec's port
     plugin = yaml.safe_load(job.environments.read_text())
-    assert job.environments == tmp_path / "out" / "agent_loop.yaml"
+    assert job.environments == tmp_path / "out" / "environments.yaml"
     assert plugin["nemo_gym"]["log_dir"] == str(spec.nemo_gym_log_dir)
     assert plugin["nemo_gym"]["head_server"] == {"host": "127.0.0.1", "port": 12345}
 
 
 def test_an_attached_gym_keeps_its_own_logs_and_port(tmp_path):
     spec = _spec(tmp_path)
-    spec.agent_loop_config.write_text("nemo_gym:\n  attach:\n    head_server_url: http://10.0.0.1:11000\n")
+    spec.environments_file.write_text("nemo_gym:\n  attach:\n    head_server_url: http://10.0.0.1:11000\n")
     plugin = yaml.safe_load(load_job(write_job(spec), environ={}).environments.read_text())
     assert plugin == {"nemo_gym": {"attach": {"head_server_url": "http://10.0.0.1:11000"}}}
 
@@ -198,7 +195,7 @@ def test_a_job_spec_round_trips_through_json_and_relative_paths_become_absolute(
     spec = JobSpec(
         out_dir=tmp_path / "out",
         model_dir=tmp_path / "model",
-        agent_loop_config=tmp_path / "plugin.yaml",
+        environments_file=tmp_path / "plugin.yaml",
         train_files=[tmp_path / "t.jsonl"],
         val_files=[tmp_path / "v.jsonl"],
         steps=2,

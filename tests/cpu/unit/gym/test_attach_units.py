@@ -32,10 +32,10 @@ from recipe.nemo_gym.gym.attach import (
 )
 from recipe.nemo_gym.gym.errors import GymConfigError, GymServerDied, GymStartTimeout
 from recipe.nemo_gym.gym.over_http.client import ServerInstance, server_root
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
 from recipe.nemo_gym.gym.over_http.health import RemoteServerWatch
 from recipe.nemo_gym.gym.relay import Affinity, PolicyRelay, conversation_key
 from recipe.nemo_gym.gym.replicas import pick_server
+from recipe.nemo_gym.gym.types import PolicyServers
 from tests.support.helpers import free_port
 
 MODEL = "/models/tiny"

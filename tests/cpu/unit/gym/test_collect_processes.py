@@ -23,15 +23,10 @@ import pytest
 from recipe.nemo_gym.failures import EpisodeFailure, FailureCause, RolloutAborted
 from recipe.nemo_gym.gym.over_http.client import RunTarget
 from recipe.nemo_gym.gym.over_http.collect import run_examples_in_order
-from recipe.nemo_gym.gym.over_http.collect_processes import (
-    CollectProcesses,
-    EpisodeReading,
-    frame,
-    read_frame,
-    split_limits,
-)
+from recipe.nemo_gym.gym.over_http.collect_processes import CollectProcesses, frame, read_frame, split_limits
+from recipe.nemo_gym.gym.over_http.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups
-from recipe.nemo_gym.limits import LIMIT_KEY, LIMIT_PER_HOST_KEY
+from recipe.nemo_gym.gym.types import CollectSettings
 from recipe.nemo_gym.packing.episode import Episode, read_episode
 from tests.support.helpers import free_port
 from tests.support.results import synthetic_result
@@ -60,7 +55,7 @@ def test_connector_limits_are_split_among_the_children_at_least_one_each():
     assert split_limits({LIMIT_KEY: 2, LIMIT_PER_HOST_KEY: 10}, 4) == {LIMIT_KEY: 1, LIMIT_PER_HOST_KEY: 2}
     assert split_limits({}, 2) == {LIMIT_KEY: 50, LIMIT_PER_HOST_KEY: 0}  # aiohttp's default total, no per-host cap
     with pytest.raises(ValueError, match="at least one"):
-        CollectProcesses(EpisodeReading(0), {})
+        CollectProcesses(CollectSettings(0), {})
 
 
 def test_a_frame_carries_one_message_and_a_closed_stream_ends_the_reading():
@@ -145,7 +140,7 @@ class Agents:
 @contextlib.asynccontextmanager
 async def started(connector_limits: dict | None = None):
     """Two collect processes (reading with a prompt length of 10) and the two agent copies, stopped after."""
-    processes = CollectProcesses(EpisodeReading(2, max_prompt_length=10), connector_limits or {})
+    processes = CollectProcesses(CollectSettings(2, max_prompt_length=10), connector_limits or {})
     async with Agents() as agents:
         await processes.start()
         try:
@@ -235,7 +230,7 @@ def test_a_child_that_dies_mid_batch_aborts_it_naming_its_pid_and_status_and_the
 
 def test_closing_stops_every_child_and_a_child_whose_parent_is_gone_exits_on_its_own():
     async def main():
-        processes = CollectProcesses(EpisodeReading(2), {})
+        processes = CollectProcesses(CollectSettings(2), {})
         await processes.start()
         children = [psutil.Process(pid) for pid in processes.pids]
         # A parent gone without closing: its end of the socket closes with it.

@@ -12,7 +12,7 @@ from recipe.nemo_gym.config import NeMoGymConfig
 from recipe.nemo_gym.event_loop import BackgroundLoop
 from recipe.nemo_gym.gym.connect import connect_gym
 from recipe.nemo_gym.gym.errors import GymConfigError, GymStartTimeout
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.types import PolicyServers
 from tests.support.gym_runtime import gym_config, gym_processes
 from tests.support.helpers import free_port
 

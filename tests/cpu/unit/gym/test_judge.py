@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plugin's LLM judge (`nemo_gym.judge`): which resources servers name one, the Gym keys that make it theirs
-(`gym/owned/judge.py`), its three forms resolved (`job_config.judge_settings`), and the start-up refusals."""
+(`gym/owned/judge.py`), its three forms resolved (`global_config.judge_settings`), and the start-up refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 from recipe.nemo_gym.config import NeMoGymConfig, NeMoGymSection
 from recipe.nemo_gym.errors import ConfigError
 from recipe.nemo_gym.gym.errors import GymConfigError
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
-from recipe.nemo_gym.gym.owned.job_config import judge_overrides, judge_settings
+from recipe.nemo_gym.gym.owned.global_config import judge_overrides, judge_settings
 from recipe.nemo_gym.gym.owned.judge import (
     JUDGE_SERVER,
     JudgeReference,
@@ -21,6 +20,7 @@ from recipe.nemo_gym.gym.owned.judge import (
     judge_references,
     undefined_judges,
 )
+from recipe.nemo_gym.gym.types import PolicyServers
 
 POLICY = PolicyServers(("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"), "/models/qwen3")
 FILES = [Path("simpleqa.yaml")]

@@ -264,7 +264,8 @@ def test_a_judge_url_that_stops_answering_aborts_the_batch_naming_the_judge_serv
 
 def test_a_judge_url_that_is_a_policy_server_is_watched_once():
     from recipe.nemo_gym.config import Timeouts
-    from recipe.nemo_gym.gym.over_http.connection import GymConnection, PolicyServers
+    from recipe.nemo_gym.gym.over_http.connection import GymConnection
+    from recipe.nemo_gym.gym.types import PolicyServers
 
     policy = PolicyServers(("http://10.0.0.1:8000/v1",), "m")
     connection = GymConnection(

@@ -19,7 +19,7 @@ from recipe.nemo_gym.config import ConfigError, load_config
 from recipe.nemo_gym.gym.errors import GymConfigError
 from recipe.nemo_gym.gym.over_http.client import RunTarget, make_post_run
 from recipe.nemo_gym.gym.over_http.connection import GymConnection
-from recipe.nemo_gym.gym.owned.job_config import merged_config, replica_keys
+from recipe.nemo_gym.gym.owned.global_config import merged_config, replica_keys
 from recipe.nemo_gym.gym.replicas import LeastBusy, replica_groups, replica_name, replica_of, replica_overrides
 
 AGENT = "math_simple_agent"

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The watchdog (`recipe.nemo_gym.gym.owned.watchdog`) kills a dead trainer's servers, and nothing else.
+"""The watchdog (`recipe.nemo_gym.gym.watchdog`) kills a dead trainer's servers, and nothing else.
 
 The "trainer" here is a child Python process that spawns the real watchdog, starts server-like processes (a
 wrapper shell with children, as NeMo Gym's `RunHelper` starts each server) and registers them; the test then ends
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import psutil
 
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog, _parent_pids
+from recipe.nemo_gym.gym.watchdog import Watchdog, _parent_pids
 from tests.support.helpers import REPO_ROOT, alive
 
 TRAINER = r"""
 import json, subprocess, sys, time
-from recipe.nemo_gym.gym.owned.watchdog import Watchdog
+from recipe.nemo_gym.gym.watchdog import Watchdog
 
 watchdog = Watchdog.spawn()
 # A wrapper shell whose children are the "server" (as NeMo Gym's `( cmd ) | tee log` wrappers are).

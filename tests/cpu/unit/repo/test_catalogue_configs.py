@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The shipped plugin configs of NeMo Gym's catalogue (`recipe/nemo_gym/configs/<kind>.yaml`) are what the catalogue
+"""The shipped environments files of NeMo Gym's catalogue (`recipe/nemo_gym/configs/<kind>.yaml`) are what the catalogue
 test starts (`tests/cpu/integration/test_catalogue.py`): for every answer module of
 `tests/support/cpu_policy/catalogue/`, the config of the same name lists the training model server, then exactly the
 module's Gym configs, holds exactly its overrides, and names a judge exactly when one of its answers is judged. Every
-config validates as a plugin YAML."""
+config validates as an environments file."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pkgutil
 import pytest
 
 from recipe.nemo_gym.config import load_config
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from tests.support.cpu_policy import catalogue
 from tests.support.helpers import REPO_ROOT
 

@@ -56,10 +56,11 @@ def test_nothing_under_recipe_imports_the_tests_support():
     assert found.returncode == 1 and found.stdout == "", found.stdout
 
 
-def module_imports(package: Path, name: str) -> dict[str, set[str]]:
+def module_imports(package: Path, name: str, *, in_functions: bool = False) -> dict[str, set[str]]:
     """The imports each module of `package` (dotted `name`) runs when it is imported: module-level statements only
     (an import inside a function runs later, and one under `if TYPE_CHECKING:` never), each resolved to the module
-    files of `package` it loads, the packages above them included (but for its own)."""
+    files of `package` it loads, the packages above them included (but for its own). With `in_functions`, the
+    imports inside its functions too (what it loads once called)."""
     modules = {}
     for path in package.rglob("*.py"):
         parts = (*name.split("."), *path.relative_to(package).with_suffix("").parts)
@@ -72,7 +73,8 @@ def module_imports(package: Path, name: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         edges: set[str] = set()
-        for node in ast.parse(path.read_text()).body:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if in_functions else tree.body:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     edges |= loaded(alias.name)
@@ -121,6 +123,16 @@ def test_import_cycles_are_found_where_there_is_one():
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
     assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
     assert import_cycles({"p.a": {"p.b"}, "p.b": set()}) == []
+
+
+def test_the_plugin_package_has_no_import_cycle_even_through_the_imports_inside_functions():
+    assert import_cycles(module_imports(REPO / "recipe" / "nemo_gym", "recipe.nemo_gym", in_functions=True)) == []
+
+
+def test_the_manager_reaches_nemo_gym_through_the_facade_only():
+    graph = module_imports(REPO / "recipe" / "nemo_gym", "recipe.nemo_gym", in_functions=True)
+    gym = {m for m in graph["recipe.nemo_gym.agent_loop"] if m.startswith("recipe.nemo_gym.gym")}
+    assert gym == {"recipe.nemo_gym.gym", "recipe.nemo_gym.gym.connect", "recipe.nemo_gym.gym.types"}
 
 
 def test_the_plugin_package_and_the_demo_have_no_import_cycle():

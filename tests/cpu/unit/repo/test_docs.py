@@ -10,7 +10,7 @@
   is in `NOT_RUN`, a short list of commands that need a cluster or run for minutes, each with its reason.
 - The attach-mode Gym command is the one test support runs; the worked example of docs/adding-an-environment.md is
   consistent (its job file is a valid job whose files exist and whose rows run on the environment's agent); the
-  README's configuration table holds every key of the plugin YAML; relative links and their anchors resolve; the
+  README's configuration table holds every key of the environments file; relative links and their anchors resolve; the
   README stays short, with the GPU quickstart near its top.
 
 Nothing here starts a server, Ray or a trainer.
@@ -340,7 +340,7 @@ RUN_HERE: dict[str, tuple[set[int], str]] = {
         {1},
         "launch: ERROR: data.train_files: data file /shared/data/multienv/math_train.jsonl does not exist",
     ),
-    "python -m recipe.nemo_gym.preflight megatron": ({0, 1}, ""),
+    "python -m recipe.nemo_gym.launch.preflight megatron": ({0, 1}, ""),
     "python -m recipe.nemo_gym.gym.owned.environment": ({0}, "nemo-gym"),
     "python -m recipe.nemo_gym.cpu_backend difference": ({0}, "trainer.device=cpu"),
 }
@@ -454,7 +454,7 @@ def blocks_of(path: Path, language: str) -> list[str]:
 def test_adding_an_environment_example_is_consistent(tmp_path):
     from recipe.nemo_gym.config import load_config
     from recipe.nemo_gym.data_check import check_data_files
-    from recipe.nemo_gym.gym.owned.seams import section_config_paths
+    from recipe.nemo_gym.gym.owned.gym_layout import section_config_paths
     from recipe.nemo_gym.launch.job import load_job
     from recipe.nemo_gym_demo import tiny_model
 
@@ -471,8 +471,8 @@ def test_adding_an_environment_example_is_consistent(tmp_path):
         assert path.is_file(), path
     assert f"python -m recipe.nemo_gym.launch run {job_file.name.split('.')[0]}.yaml" in ADDING.read_text()
 
-    plugin_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if t.startswith("nemo_gym:"))
-    assert plugin_yaml == yaml.safe_load(job.environments.read_text()), "the doc's plugin YAML is not the file"
+    environments_file = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if t.startswith("nemo_gym:"))
+    assert environments_file == yaml.safe_load(job.environments.read_text()), "the doc's environments file differs"
     config_paths = section_config_paths(load_config(job.environments).nemo_gym)
     environment_yaml = next(yaml.safe_load(t) for t in blocks_of(ADDING, "yaml") if "resources_servers:" in t)
     assert environment_yaml == yaml.safe_load(config_paths[1].read_text()), "the doc's environment config"
@@ -497,7 +497,7 @@ def test_adding_an_environment_example_is_consistent(tmp_path):
 
 
 def config_keys() -> list[str]:
-    """Every key of the plugin YAML, dotted (`nemo_gym.head_server.port`)."""
+    """Every key of the environments file, dotted (`nemo_gym.head_server.port`)."""
     import typing
 
     from pydantic import BaseModel
@@ -523,7 +523,7 @@ def test_readme_configuration_table_names_every_key():
     assert "nemo_gym.head_server.port" in keys and "data.check_rows" in keys
     text = README.read_text()
     missing = [key for key in keys if f"`{key}`" not in text]
-    assert not missing, f"README's Configuration table lacks these plugin YAML keys: {missing}"
+    assert not missing, f"README's Configuration table lacks these environments file keys: {missing}"
 
 
 def test_readme_is_short_and_reaches_the_gpu_quickstart_early():

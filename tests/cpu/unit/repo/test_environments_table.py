@@ -7,7 +7,7 @@ Resources servers (the first table):
   the rows to remove.
 - Every status is "runs here: ...", "judge: ..." (an LLM judge scores it; "...; runs here with the plugin's judge:
   ..." when it runs here), "needs: ..." (the page's kinds of need) or "candidate: nothing blocking found (not run)".
-- Every row that runs here names test files that exist and a shipped plugin config (`recipe/nemo_gym/configs/`)
+- Every row that runs here names test files that exist and a shipped environments file (`recipe/nemo_gym/configs/`)
   that starts the server's own config, or a test that mentions the server; the counts in the page's sentence ("75 of
   the 145 ...: 50 scored by code, 25 by an LLM judge") are the table's.
 
@@ -21,7 +21,7 @@ Environments (the second table):
   environment's own config in the wheel, and the configs it names, with `yaml`).
 - Every config path in either table is a file under the installed Gym's root.
 
-Gym's root is `seams.nemo_gym_install_root()`: the Gym environment's interpreter says where `nemo_gym` lies
+Gym's root is `gym_layout.nemo_gym_install_root()`: the Gym environment's interpreter says where `nemo_gym` lies
 (`importlib.util.find_spec`); no module of NeMo Gym is imported. Without an `environments/` folder there (Gym before
 0.7, named by `$NEMO_GYM_ENV`), the tests skip.
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.nemo_gym.gym.owned.seams import nemo_gym_install_root
+from recipe.nemo_gym.gym.owned.gym_layout import nemo_gym_install_root
 from tests.support.helpers import REPO_ROOT as REPO
 
 PAGE = REPO / "docs" / "environments.md"
@@ -264,7 +264,7 @@ def _wrong_needs(row: Row, kinds: tuple[str, ...], locked: set[str]) -> list[str
 
 
 def _shipped_configs_start(row: Row, servers: set[str]) -> list[str]:
-    """The shipped plugin configs the row's status names that start one of `servers` (their folders' configs)."""
+    """The shipped environments files the row's status names that start one of `servers` (their folders' configs)."""
     found = []
     for config in SHIPPED_CONFIG.findall(row.status):
         paths = yaml.safe_load((REPO / config).read_text())["nemo_gym"]["config_paths"]

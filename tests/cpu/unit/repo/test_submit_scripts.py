@@ -241,6 +241,44 @@ def test_an_invalid_job_is_refused_naming_the_key(tmp_path):
     assert "  training.lrr: unknown key" in result.stderr
 
 
+def _environments_file(tmp_path: Path, **extra: object) -> Path:
+    """The shipped math environments file with `extra` keys added to its `nemo_gym` section."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "recipe" / "nemo_gym" / "configs" / "math.yaml").read_text())
+    config["nemo_gym"].update(extra)
+    path = tmp_path / "environments.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_launch_check_refuses_an_unknown_key_of_the_environments_file_naming_the_file_and_key(tmp_path):
+    environments = _environments_file(tmp_path, head_sever={"port": 11000})
+    job = write_job(tmp_path, environments=str(environments))
+    result = subprocess.run(
+        [str(VENV_BIN / "python"), "-m", "recipe.nemo_gym.launch", "check", str(job)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"launch: ERROR: environments: {environments}: nemo_gym.head_sever: Extra inputs are not permitted" in (
+        result.stderr
+    )
+
+
+def test_an_unset_variable_of_the_environments_file_is_what_a_real_run_stops_at_in_a_dry_run(tmp_path):
+    environments = _environments_file(tmp_path, root="${NG_TEST_UNSET_ROOT}")
+    result = run_script(SCRIPTS["math"], write_job(tmp_path, environments=str(environments)))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"DRY_RUN: a real run would stop here: environments: {environments}: nemo_gym.root: environment variable "
+        "'NG_TEST_UNSET_ROOT' is not set"
+    ) in result.stderr
+
+
 def test_stack_pin_mismatch_fails_naming_the_package(tmp_path):
     job = write_job(tmp_path, backend="cpu")  # the build this machine's environment holds
     result = run_script(SCRIPTS["math"], job, NG_PIN_VERL="0.0.1", NG_PIN_VLLM="0.0.2")
@@ -382,6 +420,13 @@ def test_bootstrap_refuses_a_job_that_fails_its_checks_before_starting_ray(boots
     result, log, seen = bootstrap("--set", "training.lr=-1")
     assert result.returncode == 1 and log == "" and not seen
     assert "training.lr: Input should be greater than 0 (from --set training.lr)" in result.stderr
+
+
+def test_bootstrap_refuses_a_job_whose_environments_file_is_invalid_before_starting_ray(bootstrap):
+    environments = _environments_file(bootstrap.tmp_path, replicas={"math_with_judge_simple_agent": 0})
+    result, log, seen = bootstrap("--set", f"environments={environments}")
+    assert result.returncode == 1 and log == "" and not seen
+    assert f"environments: {environments}: nemo_gym.replicas: Value error, each agent runs 1 to" in result.stderr
 
 
 def test_the_container_option_runs_ray_and_the_launcher_in_the_image_on_every_node(bootstrap):
@@ -590,7 +635,7 @@ def test_megatron_with_its_modules_on_the_path_passes_the_check(tmp_path):
 
 
 def test_vanilla_mbridge_needs_mbridge_instead_of_megatron_bridge():
-    from recipe.nemo_gym.preflight import missing_megatron_modules
+    from recipe.nemo_gym.launch.preflight import missing_megatron_modules
 
     present = {"megatron.core", "mbridge"}
     find = lambda name: object() if name in present else None  # noqa: E731

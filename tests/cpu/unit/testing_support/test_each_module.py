@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.support.each_module import _lanes
 from tests.support.helpers import REPO_ROOT
 
-LIGHT = ["tests/cpu/unit/test_limits.py", "tests/cpu/unit/test_failures.py"]
+LIGHT = ["tests/cpu/unit/gym/test_limits.py", "tests/cpu/unit/test_failures.py"]
 
 
 def test_the_heavy_modules_and_the_shuffle_heavy_ones_get_a_lane_of_their_own():

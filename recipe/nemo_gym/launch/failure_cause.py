@@ -10,8 +10,9 @@ message that follow it (a message may span lines: a list of bad rows, a server's
 `MAX_LINES`. Prefixes the demo's console and Ray add to each line (`[ 12.3s] `, `(TaskRunner pid=492) `, colour
 codes) are removed first.
 
-`python -m recipe.nemo_gym.failure_cause LOG` prints the cause of the run whose console output is in LOG (the
-submit scripts call it when the trainer fails), or nothing when the log holds no traceback.
+The launcher calls it on the trainer's last lines when the trainer fails (`supervise.py`) and ends the job's output
+with the cause. `python -m recipe.nemo_gym.launch.failure_cause LOG` prints the cause of the run whose console output
+is in LOG (a saved log read again, `docs/troubleshooting.md`), or nothing when the log holds no traceback.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _clip(line: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m recipe.nemo_gym.failure_cause LOG", file=sys.stderr)
+        print("usage: python -m recipe.nemo_gym.launch.failure_cause LOG", file=sys.stderr)
         return 2
     with open(argv[0], errors="replace") as f:
         cause = failure_cause(f.read())

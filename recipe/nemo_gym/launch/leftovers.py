@@ -21,7 +21,7 @@ worker it spawns, which the worker opens a few seconds later.) Matching by path 
 orphan, and another job's clean-up removed it under an engine that was starting. A listening Unix socket's file is
 held by path: its descriptor is a socket, not the file (`/proc/net/unix` lists the bound paths).
 
-    python -m recipe.nemo_gym.leftovers SINCE_EPOCH_SECONDS     # the submit scripts' teardown runs this
+    python -m recipe.nemo_gym.launch.leftovers SINCE_EPOCH_SECONDS     # the submit scripts' teardown runs this
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def remove_leftovers(since: float, patterns=PATTERNS) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m recipe.nemo_gym.leftovers SINCE_EPOCH_SECONDS", file=sys.stderr)
+        print("usage: python -m recipe.nemo_gym.launch.leftovers SINCE_EPOCH_SECONDS", file=sys.stderr)
         return 2
     removed = remove_leftovers(float(argv[0]))
     if removed:

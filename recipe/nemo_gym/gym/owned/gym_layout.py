@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Every place the plugin mirrors one of NeMo Gym's rules without importing it; each names the version read.
+"""NeMo Gym's file layout as the plugin must know it (its root, config paths, server venvs, log files): every place
+the plugin mirrors one of NeMo Gym's rules without importing it; each names the version read.
 
 Contract:
 - `nemo_gym_install_root(environment)` is the one lookup of Gym's root (its `PARENT_DIR`) in the Gym
@@ -74,7 +75,7 @@ def check_config_paths(paths: Sequence[str], cwd: Path, install_root: Path) -> l
 
 
 def section_root(section: NeMoGymSection) -> Path:
-    """NeMo Gym's root for the plugin config's `nemo_gym` section: its `root` when set, else the root of the Gym
+    """NeMo Gym's root for the environments file's `nemo_gym` section: its `root` when set, else the root of the Gym
     environment it names (`nemo_gym_install_root`)."""
     if section.root is not None:
         return section.root

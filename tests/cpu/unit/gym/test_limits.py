@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The connection limits NeMo Gym's servers and the manager get from the file limit (`recipe/nemo_gym/limits.py`),
-with exact values. The load they allow is measured in `tests/cpu/integration/test_load.py`."""
+"""The connection limits NeMo Gym's servers and the manager get from the file limit
+(`recipe/nemo_gym/gym/over_http/limits.py`), with exact values. The load they allow is measured in
+`tests/cpu/integration/test_load.py`."""
 
 from __future__ import annotations
 
 import pytest
 
-from recipe.nemo_gym.limits import (
+from recipe.nemo_gym.gym.over_http.limits import (
     LIMIT_KEY,
     LIMIT_PER_HOST_KEY,
     UNLIMITED,

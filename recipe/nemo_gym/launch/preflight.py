@@ -11,7 +11,7 @@ A missing one is a `ModuleNotFoundError` in an actor's traceback. `missing_megat
 importing anything (`importlib.util.find_spec`: importing Transformer Engine on a machine without CUDA can itself
 fail), and `MegatronPrerequisiteError` says what is missing and the supported ways to get it.
 
-    python -m recipe.nemo_gym.preflight megatron [--vanilla-mbridge]    # exit 1 with the message when missing
+    python -m recipe.nemo_gym.launch.preflight megatron [--vanilla-mbridge]    # exit 1 with the message when missing
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def check_megatron(vanilla_mbridge: bool = False, find_spec: Callable[[str], Any
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipe.nemo_gym.preflight")
+    parser = argparse.ArgumentParser(prog="python -m recipe.nemo_gym.launch.preflight")
     parser.add_argument("check", choices=["megatron"])
     parser.add_argument("--vanilla-mbridge", action="store_true", help="verl's deprecated mbridge path")
     args = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the plugin hands the NeMo Gym it starts, read from the validated plugin YAML: no description of its own.
+"""What the plugin hands the NeMo Gym it starts, read from the validated environments file: no description of its own.
 
 Contract (pure, but for `cache_root`, which reads the environment, and `merged_config`, which reads the config files):
-- `gym_overrides(section, limits)` is the part of Gym's global config that comes from the plugin YAML:
+- `gym_overrides(section, limits)` is the part of Gym's global config that comes from the environments file:
   `uses_reasoning_parser` applied to the `policy_model` server when it is NeMo Gym's `vllm_model`, the user's
   `nemo_gym.config_overrides` merged over it the way Gym merges its configs (OmegaConf), and the HTTP connection
   limits (`limits.ConnectionLimits`) under both. The config model refuses overrides of the keys
@@ -26,10 +26,10 @@ from typing import Any
 
 from recipe.nemo_gym.config import Judge, NeMoGymSection
 from recipe.nemo_gym.gym.errors import GymConfigError
-from recipe.nemo_gym.gym.over_http.connection import PolicyServers
+from recipe.nemo_gym.gym.over_http.limits import ConnectionLimits
 from recipe.nemo_gym.gym.owned.judge import JudgeSettings, judge_keys, judge_references, undefined_judges
 from recipe.nemo_gym.gym.replicas import replica_overrides
-from recipe.nemo_gym.limits import ConnectionLimits
+from recipe.nemo_gym.gym.types import PolicyServers
 
 VLLM_MODEL_CONFIG_DIR = "responses_api_models/vllm_model/"
 
@@ -41,7 +41,7 @@ def cache_root() -> Path:
 
 
 def gym_overrides(section: NeMoGymSection, limits: ConnectionLimits | None = None) -> dict[str, Any]:
-    """Gym's global-config keys that come from the plugin YAML (see the module docstring)."""
+    """Gym's global-config keys that come from the environments file (see the module docstring)."""
     from omegaconf import OmegaConf
 
     overrides: dict[str, Any] = {}

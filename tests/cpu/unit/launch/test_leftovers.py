@@ -12,7 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from recipe.nemo_gym.leftovers import Candidate, Held, maps_file_ids, orphans, remove_leftovers, unix_socket_paths
+from recipe.nemo_gym.launch.leftovers import (
+    Candidate,
+    Held,
+    maps_file_ids,
+    orphans,
+    remove_leftovers,
+    unix_socket_paths,
+)
 
 
 def test_orphans_are_the_new_files_no_process_holds():

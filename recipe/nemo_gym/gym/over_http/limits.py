@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """HTTP connection limits for NeMo Gym's aiohttp clients, derived from the file-descriptor limit (RLIMIT_NOFILE).
 
-Why: NeMo Gym 0.4.0 gives every process that talks HTTP (the manager, which posts each episode to its agent,
-and every server, which calls the model server, the resources server or the policy) one aiohttp
-`TCPConnector` sized by two global config keys (`GlobalAIOHTTPAsyncClientConfig` in `nemo_gym/server_utils.py`):
-`global_aiohttp_connector_limit` (default 102,400) and `global_aiohttp_connector_limit_per_host` (1,024). Both
-are far above a common `ulimit -n` (1,024 on many clusters), so a large batch runs a process out of file
-descriptors ("Too many open files") instead of queueing in the connector. With limits that fit, excess
-requests wait for a free connection, which is the behaviour a long run needs.
+Why: NeMo Gym (0.4 to 0.7) gives each of its servers (which call the model server, the resources server or the
+policy) one aiohttp `TCPConnector` sized by two global config keys (`GlobalAIOHTTPAsyncClientConfig` in
+`nemo_gym/server_utils.py`): `global_aiohttp_connector_limit` (default 102,400) and
+`global_aiohttp_connector_limit_per_host` (1,024); the manager's own session, which posts each episode to its agent
+(`client.client_session`), reads the same two keys. Both defaults are far above a common `ulimit -n` (1,024 on many
+clusters), so a large batch runs a process out of file descriptors ("Too many open files") instead of queueing in
+the connector. With limits that fit, excess requests wait for a free connection, which is the behaviour a long run
+needs.
 
 Contract: `derive_connection_limits(soft, hard)` is pure and total over `(soft, hard)` as
 `resource.getrlimit(RLIMIT_NOFILE)` returns them (`resource.RLIM_INFINITY` for "unlimited"); it returns

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from recipe.nemo_gym.failure_cause import MAX_LINES, clean_line, failure_cause
+from recipe.nemo_gym.launch.failure_cause import MAX_LINES, clean_line, failure_cause
 from recipe.nemo_gym_demo.console import REPO_ROOT
 
 # CI, 2026-11-26: Ray's memory monitor killed the rollout during step 2's weight sync (frames shortened).
@@ -116,7 +116,7 @@ def test_the_command_line_prints_the_cause_of_a_log_file(tmp_path):
     log = tmp_path / "main_ppo.log"
     log.write_text(ROLLOUT_ABORTED)
     out = subprocess.run(
-        [sys.executable, "-m", "recipe.nemo_gym.failure_cause", str(log)],
+        [sys.executable, "-m", "recipe.nemo_gym.launch.failure_cause", str(log)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
