@@ -61,13 +61,8 @@ def connect_gym(
         log("NeMo Gym HTTP connection limits: %s", limits.describe())  # the user's nemo_gym.config_overrides win
     attach = config.nemo_gym.attach
     if attach is None:
-        gym: OwnedGym | AttachedGym = OwnedGym.start(config, policy, loop=loop, limits=limits)
-    else:
-        # A relay runs only in front of several policy servers; the node's address is asked for only then.
-        needs_address = attach.relay_host is None and len(policy.base_urls) > 1 and node_ip is not None
-        relay_host = node_ip() if needs_address else "127.0.0.1"
-        gym = AttachedGym.attach(config, policy, loop=loop, relay_host=relay_host, limits=limits)
-    if gym.connection is None:  # both set it before they return; a Gym without one is a bug here
-        gym.shutdown()
-        raise RuntimeError(f"{type(gym).__name__} returned without a connection")
-    return gym
+        return OwnedGym.start(config, policy, loop=loop, limits=limits)
+    # A relay runs only in front of several policy servers; the node's address is asked for only then.
+    needs_address = attach.relay_host is None and len(policy.base_urls) > 1 and node_ip is not None
+    relay_host = node_ip() if needs_address else "127.0.0.1"
+    return AttachedGym.attach(config, policy, loop=loop, relay_host=relay_host, limits=limits)

@@ -67,7 +67,6 @@ class GymConnection:
         connector_limits: Mapping[str, Any],
         not_before: float = 0.0,
         judge_urls: Sequence[str] = (),
-        what: str = "this NeMo Gym configuration",
     ):
         self.loop = loop  # borrowed: the caller created it and closes it, after `close()`
         self.servers = tuple(servers)
@@ -82,7 +81,6 @@ class GymConnection:
         self.processes: CollectProcesses | None = None  # the collect processes, once a batch has asked for them
         self.router: LeastBusy[RunTarget] | None = None  # the last batch's: how many rows went to each agent copy
         self.closed = False
-        self.what = what  # the configuration's files or URL, as errors name it
 
     @classmethod
     def adopt(
@@ -107,7 +105,7 @@ class GymConnection:
                 "allow_unsupported_pairing: true in Gym's configuration (Gym's own waiver; in "
                 "nemo_gym.config_overrides when the plugin starts Gym)"
             )
-        return cls(loop, servers, targets, what=what, **kwargs)
+        return cls(loop, servers, targets, **kwargs)
 
     @property
     def agent_names(self) -> frozenset[str]:
@@ -127,13 +125,12 @@ class GymConnection:
         attempts: list[int] | None = None,
         reading: CollectSettings | None = None,
         labels: Sequence[str] | None = None,
-        config: str | None = None,
+        config: str = "this NeMo Gym configuration",
     ) -> list[RowOutcome]:
         """Run every row on its agent; results in input order. Await it on `self.loop` (the caller's loop).
         With `reading`, rows are posted and read into episodes by collect processes (see the module docstring).
         Every row is checked first (`collect.validate_examples`, the one check of a row against this Gym's agents;
-        `labels` name the rows in its `ConfigError`, `config` the configuration, else `what`): nothing is sent if one
-        cannot run.
+        `labels` name the rows in its `ConfigError`, `config` the configuration): nothing is sent if one cannot run.
 
         The times come from the environments file (`timeouts.batch_s`, `timeouts.health_check_interval_s`), and so do
         the retries of a row that failed for an infrastructure cause (`failures.retries`, `failures.retry_delay_s`;
@@ -145,7 +142,7 @@ class GymConnection:
                 f"GymConnection.collect must run on the loop it was given ({self.loop.name!r}): its HTTP session is "
                 "bound to it; await it there, e.g. `await connection.loop.arun(...)`"
             )
-        validate_examples(examples, self.agent_names, labels=labels, config=config or self.what)
+        validate_examples(examples, self.agent_names, labels=labels, config=config)
         wait = self.not_before - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)

@@ -138,9 +138,8 @@ class OwnedGym:
         self.config = config
         self.policy = policy
         self.loop = loop  # borrowed: see the module docstring
-        self.overrides = (
-            overrides  # Gym's global-config keys from the environments file (`global_config.gym_overrides`)
-        )
+        # Gym's global-config keys from the environments file (`global_config.gym_overrides`)
+        self.overrides = overrides
         self.connection: GymConnection | None = None
         self.servers: tuple[ServerInstance, ...] = ()
         self.startup_s: float | None = None
